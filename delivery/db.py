@@ -1,0 +1,63 @@
+"""Engines, sessions and schema migrations."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.engine import make_url
+from sqlalchemy.orm import Session, sessionmaker
+
+__all__ = ["current_revision", "make_engine", "make_sessionmaker", "upgrade"]
+
+_INI = Path(__file__).with_name("alembic.ini")
+
+
+def make_engine(url: str, **kwargs: Any) -> Engine:
+    """An engine for the outbox. SQLite gets WAL and a busy timeout so that several
+    processes (app, relay, workers) can share one file."""
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        if parsed.database and parsed.database != ":memory:":
+            Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
+        engine = create_engine(url, connect_args={"timeout": 30}, **kwargs)
+
+        @event.listens_for(engine, "connect")
+        def _pragmas(dbapi_connection: Any, _record: Any) -> None:
+            cursor = dbapi_connection.cursor()
+            cursor.execute("PRAGMA journal_mode=WAL")
+            cursor.execute("PRAGMA foreign_keys=ON")
+            cursor.execute("PRAGMA busy_timeout=30000")
+            cursor.close()
+
+        return engine
+    kwargs.setdefault("pool_pre_ping", True)
+    return create_engine(url, **kwargs)
+
+
+def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def _alembic_config(engine: Engine) -> Config:
+    config = Config(str(_INI))
+    config.set_main_option("script_location", "delivery:migrations")
+    return config
+
+
+def upgrade(engine: Engine, revision: str = "head") -> None:
+    """Create or migrate the outbox tables to ``revision`` with the shipped migrations."""
+    config = _alembic_config(engine)
+    with engine.begin() as connection:
+        config.attributes["connection"] = connection
+        command.upgrade(config, revision)
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as connection:
+        return MigrationContext.configure(connection).get_current_revision()

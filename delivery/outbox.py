@@ -1,0 +1,154 @@
+"""``enqueue``: write a message into the caller's own transaction (guarantee G1).
+
+The row is inserted with one statement (``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``)
+so that a repeated key never breaks the caller's transaction; ``enqueue`` never commits.
+After the caller commits, the post-commit nudge (installed by the Celery app with
+``set_nudge``) claims and publishes the new rows at once; the beat relay is the safety net.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import Engine, event, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from delivery.config import Settings
+from delivery.errors import IdempotencyConflict, InvalidMessage
+from delivery.models import Message, utcnow
+from delivery.policies import UnknownPolicy
+from delivery.runtime import get_settings
+from delivery.status import Status
+from delivery.validation import (
+    check_key,
+    check_payload,
+    check_recipient,
+    check_send_at,
+    payload_hash,
+)
+
+__all__ = ["enqueue", "set_nudge"]
+
+log = logging.getLogger("delivery.outbox")
+Nudge = Callable[[Engine, list[int]], None]
+_NUDGE_KEY = "delivery.nudge"
+_nudge: Nudge | None = None
+
+
+def set_nudge(nudge: Nudge | None) -> None:
+    """Install the function called with the new message ids after the caller's commit."""
+    global _nudge
+    _nudge = nudge
+
+
+def enqueue(
+    session: Session,
+    *,
+    channel: str,
+    to: str,
+    payload: dict[str, Any],
+    key: str | None = None,
+    provider: str | None = None,
+    on_unknown: str | None = None,
+    max_attempts: int | None = None,
+    send_at: Any = None,
+    settings: Settings | None = None,
+) -> Message:
+    """Add one message to ``session``'s transaction and return it; never commits.
+
+    Same ``key`` and same payload returns the existing message; same key with another
+    payload raises ``IdempotencyConflict``. Bad input raises ``InvalidMessage`` naming the
+    field. In both cases nothing is written and the caller's transaction stays usable.
+    """
+    settings = settings or get_settings()
+    channel_config = settings.channel(channel) if isinstance(channel, str) else None
+    if channel_config is None:
+        raise InvalidMessage(
+            "channel",
+            f"{channel!r} is not a configured channel ({', '.join(sorted(settings.channels))})",
+        )
+    provider = channel_config.provider if provider is None else provider
+    if provider not in settings.providers:
+        raise InvalidMessage("provider", f"{provider!r} is not a configured provider")
+    try:
+        policy = channel_config.on_unknown if on_unknown is None else UnknownPolicy(on_unknown)
+    except ValueError:
+        raise InvalidMessage(
+            "on_unknown",
+            f"{on_unknown!r} is not one of {', '.join(p.value for p in UnknownPolicy)}",
+        ) from None
+    attempts = max_attempts or channel_config.max_attempts or settings.max_attempts
+    if max_attempts is not None and (
+        not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
+    ):
+        raise InvalidMessage("max_attempts", f"must be an integer >= 1, not {max_attempts!r}")
+    recipient = check_recipient(channel, to)
+    body = check_payload(channel, payload, settings.max_payload_bytes)
+    key = str(uuid.uuid4()) if key is None else check_key(key)
+    now = utcnow()
+    due = check_send_at(send_at, now)
+    digest = payload_hash(channel, recipient, body)
+
+    values = dict(
+        key=key,
+        channel=channel,
+        provider=provider,
+        recipient=recipient,
+        payload=body,
+        payload_hash=digest,
+        on_unknown=policy.value,
+        status=Status.PENDING.value,
+        attempts=0,
+        max_attempts=attempts,
+        needs_lookup=False,
+        next_attempt_at=due,
+        created_at=now,
+        updated_at=now,
+    )
+    message = _insert(session, values)
+    if message is None:
+        existing = session.scalars(select(Message).where(Message.key == key)).one()
+        if existing.payload_hash != digest:
+            raise IdempotencyConflict(key, existing.id)
+        return existing
+    if due <= now:
+        session.info.setdefault(_NUDGE_KEY, []).append(message.id)
+    return message
+
+
+def _insert(session: Session, values: dict[str, Any]) -> Message | None:
+    dialect = session.get_bind().dialect.name
+    stmt: Any
+    if dialect == "postgresql":
+        stmt = postgresql.insert(Message).on_conflict_do_nothing(index_elements=["key"])
+    elif dialect == "sqlite":
+        stmt = sqlite.insert(Message).on_conflict_do_nothing(index_elements=["key"])
+    else:  # pragma: no cover - other databases: look first, then add
+        if session.scalars(select(Message.id).where(Message.key == values["key"])).first():
+            return None
+        message = Message(**values)
+        session.add(message)
+        session.flush()
+        return message
+    return session.scalars(stmt.values(values).returning(Message)).first()
+
+
+@event.listens_for(Session, "after_commit")
+def _after_commit(session: Session) -> None:
+    ids = session.info.pop(_NUDGE_KEY, None)
+    if not ids or _nudge is None:
+        return
+    try:
+        bind = session.get_bind()
+        _nudge(bind if isinstance(bind, Engine) else bind.engine, ids)
+    except Exception:  # the commit happened; the beat relay will publish these rows
+        log.warning("post-commit nudge failed; the relay will publish the messages", exc_info=True)
+
+
+@event.listens_for(Session, "after_rollback")
+def _after_rollback(session: Session) -> None:
+    session.info.pop(_NUDGE_KEY, None)

@@ -1,0 +1,115 @@
+"""The relay: claim due ``pending`` rows and hand them to a publisher (guarantee G1).
+
+``claim`` marks a batch ``dispatched`` with a lease in one statement (``FOR UPDATE SKIP
+LOCKED`` on PostgreSQL; SQLite serialises writers), so two relays never claim the same row.
+The rows are committed as ``dispatched`` *before* they are published: a task never arrives
+for a row it cannot take. A row whose task is lost (broker flushed, publish failed) is
+returned to ``pending`` by the sweeper when its lease expires.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from collections.abc import Callable, Sequence
+from typing import NamedTuple
+
+from sqlalchemy import Connection, Engine, and_, select, update
+
+from delivery.models import messages_table, utcnow
+from delivery.status import Status
+
+__all__ = ["Claim", "Publisher", "claim", "relay_once", "release"]
+
+log = logging.getLogger("delivery.relay")
+
+
+class Claim(NamedTuple):
+    """What a deliver task carries: the message id and its key. Never recipient or body."""
+
+    id: int
+    key: str
+
+
+Publisher = Callable[[Sequence[Claim]], None]
+
+
+def claim(
+    connection: Connection,
+    *,
+    limit: int,
+    lease: float,
+    ids: Sequence[int] | None = None,
+    now: dt.datetime | None = None,
+) -> list[Claim]:
+    """Mark up to ``limit`` due pending rows (optionally only ``ids``) dispatched; return them."""
+    now = now or utcnow()
+    due = and_(
+        messages_table.c.status == Status.PENDING.value, messages_table.c.next_attempt_at <= now
+    )
+    if ids is not None:
+        due = and_(due, messages_table.c.id.in_(ids))
+    picked = (
+        select(messages_table.c.id)
+        .where(due)
+        .order_by(messages_table.c.next_attempt_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+    stmt = (
+        update(messages_table)
+        .where(messages_table.c.id.in_(picked.scalar_subquery()))
+        .where(messages_table.c.status == Status.PENDING.value)
+        .values(
+            status=Status.DISPATCHED.value,
+            updated_at=now,
+            lease_expires_at=now + dt.timedelta(seconds=lease),
+        )
+        .returning(messages_table.c.id, messages_table.c.key)
+    )
+    return [Claim(row.id, row.key) for row in connection.execute(stmt)]
+
+
+def release(connection: Connection, claims: Sequence[Claim]) -> int:
+    """Put claimed rows whose publish failed back to ``pending`` (a no-op for rows a worker
+    already took)."""
+    stmt = (
+        update(messages_table)
+        .where(messages_table.c.id.in_([c.id for c in claims]))
+        .where(messages_table.c.status == Status.DISPATCHED.value)
+        .values(status=Status.PENDING.value, lease_expires_at=None, updated_at=utcnow())
+    )
+    return connection.execute(stmt).rowcount
+
+
+def relay_once(
+    engine: Engine,
+    publish: Publisher,
+    *,
+    batch: int,
+    lease: float,
+    ids: Sequence[int] | None = None,
+    max_batches: int = 100,
+) -> int:
+    """Claim and publish due rows in batches until none are left; return how many.
+
+    Each batch is claimed and committed in its own transaction, then published.
+    """
+    total = 0
+    for _ in range(max_batches):
+        with engine.begin() as connection:
+            claims = claim(connection, limit=batch, lease=lease, ids=ids)
+        if not claims:
+            break
+        try:
+            publish(claims)
+        except Exception:
+            with engine.begin() as connection:
+                release(connection, claims)
+            raise
+        total += len(claims)
+        if len(claims) < batch:
+            break
+    if total:
+        log.debug("relay published %d messages", total)
+    return total

@@ -1,0 +1,345 @@
+"""One delivery attempt for one message: the worker's whole job, as a plain function.
+
+``deliver`` takes the row from ``dispatched`` to ``sending`` with a conditional UPDATE and
+commits *before* calling the provider, so that a crash mid-call leaves a ``sending`` row the
+sweeper can find. The provider's outcome then decides the next state in one transaction
+together with the attempt's log row. A task for a row that is not ``dispatched``, not yet
+due, or already taken by another worker does nothing.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, insert, select, update
+
+from delivery.backoff import compute_backoff
+from delivery.events import Transition, emit
+from delivery.models import Message, attempts_table, messages_table, utcnow
+from delivery.outcomes import (
+    Absent,
+    Delivered,
+    Found,
+    LookupFailed,
+    LookupOutcome,
+    Outcome,
+    Permanent,
+    Retryable,
+    Unknown,
+)
+from delivery.policies import UnknownPolicy
+from delivery.providers import Envelope
+from delivery.service import Service
+from delivery.status import Status
+
+__all__ = ["Result", "deliver"]
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What the task should do next. ``action``: ``done`` (final state reached), ``retry``
+    (re-run after ``delay`` seconds: the row waits as ``dispatched``), ``parked`` (back to the
+    outbox as ``pending``; the relay will publish it when due) or ``skip`` (nothing to do)."""
+
+    action: str
+    status: str | None = None
+    delay: float | None = None
+    code: str | None = None
+    reason: str | None = None
+
+
+def deliver(service: Service, message_id: int, key: str) -> Result:
+    now = utcnow()
+    with service.sessions() as session:
+        row = session.execute(
+            select(
+                Message.id,
+                Message.key,
+                Message.channel,
+                Message.provider,
+                Message.recipient,
+                Message.payload,
+                Message.status,
+                Message.attempts,
+                Message.max_attempts,
+                Message.needs_lookup,
+                Message.on_unknown,
+                Message.next_attempt_at,
+            ).where(Message.id == message_id)
+        ).one_or_none()
+    if row is None or row.key != key:
+        return Result("skip", reason="no such message")
+    if row.status != Status.DISPATCHED:
+        return Result("skip", status=row.status, reason=f"message is {row.status}")
+    early = (row.next_attempt_at - now).total_seconds()
+    if early > 0:
+        # A duplicate task, or a countdown that fired early: never send before the due time.
+        if early < 1.0:
+            return Result("retry", status=row.status, delay=early, reason="not due yet")
+        return Result("skip", status=row.status, reason="not due yet")
+
+    attempt = row.attempts + 1
+    with service.engine.begin() as conn:
+        taken = conn.execute(
+            update(messages_table)
+            .where(
+                messages_table.c.id == message_id,
+                messages_table.c.status == Status.DISPATCHED.value,
+                messages_table.c.attempts == row.attempts,
+            )
+            .values(
+                status=Status.SENDING.value,
+                attempts=attempt,
+                updated_at=now,
+                lease_expires_at=now + dt.timedelta(seconds=service.settings.send_lease),
+            )
+        ).rowcount
+    if not taken:
+        return Result("skip", reason="taken by another worker")
+    emit(Transition(row.id, row.key, row.provider, Status.DISPATCHED, Status.SENDING, attempt))
+
+    provider = service.provider(row.provider)
+    envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
+    msg = _Sending(
+        row.id, row.key, row.provider, attempt, row.max_attempts, UnknownPolicy(row.on_unknown)
+    )
+    if row.needs_lookup:
+        started = time.perf_counter()
+        found = provider.lookup(envelope)
+        lookup_result = _after_lookup(service, msg, found, started)
+        if lookup_result is not None:
+            return lookup_result
+    started = time.perf_counter()
+    outcome = provider.send(envelope)
+    return _after_send(service, msg, outcome, started)
+
+
+@dataclass(frozen=True, slots=True)
+class _Sending:
+    id: int
+    key: str
+    provider: str
+    attempt: int
+    max_attempts: int
+    policy: UnknownPolicy
+
+
+def _log_attempt(
+    conn: Connection, msg: _Sending, kind: str, outcome: Outcome | LookupOutcome, started: float
+) -> None:
+    latency = (time.perf_counter() - started) * 1000.0
+    conn.execute(
+        insert(attempts_table).values(
+            message_id=msg.id,
+            number=msg.attempt,
+            kind=kind,
+            outcome=outcome.kind,
+            started_at=utcnow() - dt.timedelta(milliseconds=latency),
+            http_status=outcome.http_status,
+            latency_ms=round(latency, 3),
+            error_code=getattr(outcome, "code", None),
+            error=getattr(outcome, "reason", None),
+        )
+    )
+
+
+def _finish(conn: Connection, msg: _Sending, status: Status, **values: object) -> bool:
+    """Move the row from ``sending`` (this attempt) to ``status``; False if someone else did."""
+    done = conn.execute(
+        update(messages_table)
+        .where(
+            messages_table.c.id == msg.id,
+            messages_table.c.status == Status.SENDING.value,
+            messages_table.c.attempts == msg.attempt,
+        )
+        .values(status=status.value, updated_at=utcnow(), **values)
+    ).rowcount
+    return bool(done)
+
+
+def _after_lookup(
+    service: Service, msg: _Sending, found: LookupOutcome, started: float
+) -> Result | None:
+    """Apply a lookup's answer; ``None`` means the key is absent: go on and send."""
+    with service.engine.begin() as conn:
+        _log_attempt(conn, msg, "lookup", found, started)
+        match found:
+            case Found(provider_ref=ref):
+                return _sent(conn, msg, ref, "found")
+            case Absent():
+                conn.execute(
+                    update(messages_table)
+                    .where(messages_table.c.id == msg.id)
+                    .values(needs_lookup=False)
+                )
+                return None
+            case LookupFailed(code=code, reason=reason):
+                return _retry_or_stop(
+                    service, conn, msg, code, reason, None, Status.UNKNOWN, "lookup_failed"
+                )
+    raise AssertionError(found)
+
+
+def _after_send(service: Service, msg: _Sending, outcome: Outcome, started: float) -> Result:
+    with service.engine.begin() as conn:
+        _log_attempt(conn, msg, "send", outcome, started)
+        match outcome:
+            case Delivered(provider_ref=ref):
+                return _sent(conn, msg, ref, "delivered")
+            case Permanent(code=code, reason=reason):
+                return _stop(conn, msg, Status.DEAD, code, reason, "permanent")
+            case Retryable(code=code, reason=reason, retry_after=retry_after):
+                return _retry_or_stop(
+                    service, conn, msg, code, reason, retry_after, Status.DEAD, "retryable"
+                )
+            case Unknown(code=code, reason=reason):
+                if msg.policy is UnknownPolicy.GIVE_UP:
+                    return _stop(conn, msg, Status.UNKNOWN, code, reason, "unknown")
+                lookup = msg.policy is UnknownPolicy.LOOKUP
+                return _retry_or_stop(
+                    service,
+                    conn,
+                    msg,
+                    code,
+                    reason,
+                    None,
+                    Status.UNKNOWN,
+                    "unknown",
+                    needs_lookup=lookup,
+                )
+    raise AssertionError(outcome)
+
+
+def _sent(conn: Connection, msg: _Sending, ref: str | None, outcome: str) -> Result:
+    now = utcnow()
+    if _finish(
+        conn,
+        msg,
+        Status.SENT,
+        provider_ref=ref,
+        sent_at=now,
+        lease_expires_at=None,
+        needs_lookup=False,
+        last_error_code=None,
+        last_error=None,
+    ):
+        emit(
+            Transition(
+                msg.id, msg.key, msg.provider, Status.SENDING, Status.SENT, msg.attempt, outcome
+            )
+        )
+        return Result("done", Status.SENT)
+    return Result("skip", reason="row changed while sending")
+
+
+def _stop(
+    conn: Connection, msg: _Sending, status: Status, code: str, reason: str, outcome: str
+) -> Result:
+    if _finish(
+        conn, msg, status, lease_expires_at=None, last_error_code=code[:64], last_error=reason
+    ):
+        emit(
+            Transition(
+                msg.id, msg.key, msg.provider, Status.SENDING, status, msg.attempt, outcome, code
+            )
+        )
+        return Result("done", status, code=code, reason=reason)
+    return Result("skip", reason="row changed while sending")
+
+
+def _retry_or_stop(
+    service: Service,
+    conn: Connection,
+    msg: _Sending,
+    code: str,
+    reason: str,
+    retry_after: float | None,
+    exhausted: Status,
+    outcome: str,
+    needs_lookup: bool | None = None,
+) -> Result:
+    if msg.attempt >= msg.max_attempts:
+        return _stop(
+            conn,
+            msg,
+            exhausted,
+            code,
+            f"attempts exhausted ({msg.attempt}/{msg.max_attempts}): {reason}",
+            outcome,
+        )
+    delay = compute_backoff(msg.attempt, service.settings.backoff, retry_after, service.rng)
+    extra = {} if needs_lookup is None else {"needs_lookup": needs_lookup}
+    status = _park(
+        conn,
+        msg.id,
+        msg.attempt,
+        delay,
+        service.settings.max_countdown,
+        service.settings.dispatch_lease,
+        code=code[:64],
+        reason=reason,
+        **extra,
+    )
+    if status is None:
+        return Result("skip", reason="row changed while sending")
+    emit(
+        Transition(
+            msg.id,
+            msg.key,
+            msg.provider,
+            Status.SENDING,
+            status,
+            msg.attempt,
+            outcome,
+            code,
+            round(delay, 3),
+        )
+    )
+    action = "retry" if status is Status.DISPATCHED else "parked"
+    return Result(action, status, delay, code, reason)
+
+
+def _park(
+    conn: Connection,
+    message_id: int,
+    attempt: int,
+    delay: float,
+    max_countdown: float,
+    lease: float,
+    *,
+    code: str,
+    reason: str,
+    **values: object,
+) -> Status | None:
+    """Park a ``sending`` row until ``now + delay``.
+
+    A short wait stays ``dispatched`` (the task re-runs itself with a countdown, visible in
+    Flower as a retry; the lease covers the wait, so a lost retry is recovered by the
+    sweeper). A long one goes back to the outbox as ``pending``: the broker never holds a
+    task longer than ``max_countdown``.
+    """
+    now = utcnow()
+    due = now + dt.timedelta(seconds=delay)
+    short = delay <= max_countdown
+    status = Status.DISPATCHED if short else Status.PENDING
+    lease_until = due + dt.timedelta(seconds=lease) if short else None
+    done = conn.execute(
+        update(messages_table)
+        .where(
+            messages_table.c.id == message_id,
+            messages_table.c.status == Status.SENDING.value,
+            messages_table.c.attempts == attempt,
+        )
+        .values(
+            status=status.value,
+            next_attempt_at=due,
+            lease_expires_at=lease_until,
+            last_error_code=code,
+            last_error=reason,
+            updated_at=now,
+            **values,
+        )
+    ).rowcount
+    return status if done else None

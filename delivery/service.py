@@ -1,0 +1,48 @@
+"""The objects one worker or relay process holds: settings, database, provider clients."""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from delivery.config import Settings
+from delivery.db import make_engine, make_sessionmaker
+from delivery.providers import Provider, build_provider
+
+__all__ = ["Service"]
+
+
+@dataclass
+class Service:
+    """Wires settings to an engine and to one pooled client per provider (built on first use,
+    so that a forked worker child builds its own)."""
+
+    settings: Settings
+    engine: Engine
+    sessions: sessionmaker[Session]
+    rng: random.Random = field(default_factory=random.Random)
+    _providers: dict[str, Provider] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @classmethod
+    def from_settings(cls, settings: Settings) -> Service:
+        engine = make_engine(settings.database_url)
+        return cls(settings, engine, make_sessionmaker(engine))
+
+    def provider(self, name: str) -> Provider:
+        with self._lock:
+            provider = self._providers.get(name)
+            if provider is None:
+                provider = self._providers[name] = build_provider(self.settings.providers[name])
+            return provider
+
+    def close(self) -> None:
+        with self._lock:
+            for provider in self._providers.values():
+                provider.close()
+            self._providers.clear()
+        self.engine.dispose()

@@ -1,0 +1,100 @@
+"""Checks on ``enqueue``'s input. Each failure raises ``InvalidMessage`` naming the field."""
+
+from __future__ import annotations
+
+import datetime as dt
+import hashlib
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlsplit
+
+import phonenumbers
+from email_validator import EmailNotValidError, validate_email
+
+from delivery.errors import InvalidMessage
+
+__all__ = ["canonical_json", "check_key", "check_recipient", "check_send_at", "payload_hash"]
+
+MAX_KEY_LENGTH = 255
+_BODY_FIELDS = {"sms": ("body",), "email": ("body", "html", "text", "template")}
+
+
+def canonical_json(value: Any) -> str:
+    """One spelling per value: sorted keys, no spaces, no NaN. Raises InvalidMessage."""
+    try:
+        return json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+    except (TypeError, ValueError) as exc:
+        raise InvalidMessage("payload", f"is not JSON-serialisable: {exc}") from None
+
+
+def payload_hash(channel: str, to: str, payload: Mapping[str, Any]) -> str:
+    document = canonical_json({"channel": channel, "to": to, "payload": payload})
+    return hashlib.sha256(document.encode()).hexdigest()
+
+
+def check_key(key: Any) -> str:
+    if not isinstance(key, str) or not key:
+        raise InvalidMessage("key", "must be a non-empty string")
+    if len(key) > MAX_KEY_LENGTH:
+        raise InvalidMessage("key", f"is {len(key)} characters; the limit is {MAX_KEY_LENGTH}")
+    if "\x00" in key:
+        raise InvalidMessage("key", "must not contain NUL characters")
+    return key
+
+
+def check_send_at(send_at: Any, now: dt.datetime) -> dt.datetime:
+    if send_at is None:
+        return now
+    if not isinstance(send_at, dt.datetime):
+        raise InvalidMessage("send_at", "must be a datetime")
+    if send_at.tzinfo is None or send_at.utcoffset() is None:
+        raise InvalidMessage("send_at", "must be timezone-aware (e.g. datetime.now(UTC))")
+    return send_at.astimezone(dt.UTC)
+
+
+def check_recipient(channel: str, to: Any) -> str:
+    """The recipient in its canonical form for ``channel``."""
+    if not isinstance(to, str) or not to.strip():
+        raise InvalidMessage("to", "must be a non-empty string")
+    if channel == "sms":
+        try:
+            number = phonenumbers.parse(to, None)
+        except phonenumbers.NumberParseException as exc:
+            raise InvalidMessage("to", f"{to!r} is not an E.164 phone number: {exc}") from None
+        if not phonenumbers.is_valid_number(number):
+            raise InvalidMessage("to", f"{to!r} is not a valid phone number")
+        e164 = str(phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164))
+        if e164 != to:
+            raise InvalidMessage("to", f"{to!r} is not in E.164 form (expected {e164!r})")
+        return e164
+    if channel == "email":
+        try:
+            return str(validate_email(to, check_deliverability=False).normalized)
+        except EmailNotValidError as exc:
+            raise InvalidMessage("to", f"{to!r} is not an email address: {exc}") from None
+    if channel == "webhook":
+        parts = urlsplit(to)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise InvalidMessage("to", f"{to!r} is not an http(s) URL")
+        if parts.username or parts.password:
+            raise InvalidMessage("to", "webhook URLs must not carry credentials")
+        return to
+    raise InvalidMessage("channel", f"{channel!r} has no recipient rules")
+
+
+def check_payload(channel: str, payload: Any, limit: int) -> dict[str, Any]:
+    if not isinstance(payload, Mapping):
+        raise InvalidMessage("payload", "must be a JSON object (a dict)")
+    encoded = canonical_json(payload).encode()
+    if len(encoded) > limit:
+        raise InvalidMessage("payload", f"is {len(encoded)} bytes; the limit is {limit}")
+    fields = _BODY_FIELDS.get(channel)
+    if fields is None:
+        if not payload:
+            raise InvalidMessage("payload", "is empty")
+    elif not any(isinstance(payload.get(f), str | dict) and payload.get(f) for f in fields):
+        raise InvalidMessage("payload.body", f"is empty (a {channel} needs one of {fields})")
+    return dict(payload)

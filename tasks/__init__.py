@@ -1,0 +1,13 @@
+"""The Celery app: ``celery -A tasks worker``, ``celery -A tasks beat``, ``celery -A tasks flower``.
+
+Thin by design: each task calls one function of ``delivery``. Settings come from the
+environment when Celery first reads its configuration (``DELIVERY_*``, see delivery.config).
+"""
+
+from __future__ import annotations
+
+from tasks.app import app
+from tasks.deliver import DeadLettered, deliver, publish
+from tasks.schedule import relay, sweep
+
+__all__ = ["DeadLettered", "app", "deliver", "publish", "relay", "sweep"]

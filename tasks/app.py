@@ -1,0 +1,83 @@
+"""The Celery application object, configured from ``delivery`` settings on first use."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.signals import worker_process_init
+
+from delivery.runtime import get_settings
+from delivery.service import Service
+
+__all__ = ["QUEUE", "DeliveryCelery", "app", "service"]
+
+QUEUE = "delivery"
+
+
+class DeliveryCelery(Celery):  # type: ignore[misc]
+    def on_configure(self) -> None:
+        settings = get_settings()
+        conf: dict[str, Any] = dict(
+            broker_url=settings.broker_url,
+            broker_connection_retry_on_startup=True,
+            task_default_queue=QUEUE,
+            task_ignore_result=True,
+            task_acks_late=True,
+            task_reject_on_worker_lost=True,
+            task_track_started=True,
+            worker_prefetch_multiplier=4,
+            worker_send_task_events=True,
+            task_send_sent_event=True,
+            result_extended=False,
+            beat_schedule={
+                "delivery-relay": {
+                    "task": "delivery.relay",
+                    "schedule": settings.relay_interval,
+                    "options": {"expires": max(settings.relay_interval * 5, 5)},
+                },
+                "delivery-sweep": {
+                    "task": "delivery.sweep",
+                    "schedule": settings.sweep_interval,
+                    "options": {"expires": max(settings.sweep_interval * 5, 5)},
+                },
+            },
+        )
+        if settings.broker_url.startswith("filesystem"):
+            folder = Path(settings.home, "broker")
+            (folder / "processed").mkdir(parents=True, exist_ok=True)
+            conf["broker_transport_options"] = {
+                "data_folder_in": str(folder),
+                "data_folder_out": str(folder),
+                "processed_folder": str(folder / "processed"),
+                "store_processed": False,
+            }
+        self.conf.update(conf)
+
+
+app = DeliveryCelery("delivery")
+app.conf.include = ["tasks.deliver", "tasks.schedule"]
+
+_lock = threading.Lock()
+_service: Service | None = None
+
+
+def service() -> Service:
+    """This process's ``Service`` (engine, provider clients), built on first use."""
+    global _service
+    with _lock:
+        if _service is None:
+            _service = Service.from_settings(get_settings())
+        return _service
+
+
+@worker_process_init.connect  # type: ignore[untyped-decorator]
+def _fresh_after_fork(**_: Any) -> None:
+    """A forked child must not share its parent's database connections or sockets."""
+    global _service
+    with _lock:
+        if _service is not None:
+            _service.engine.dispose(close=False)
+        _service = None
