@@ -222,7 +222,7 @@ def settings_from_mapping(
     tuning = _table(data, "delivery", "")
     _only(tuning, _TUNING, "delivery.")
     values = {
-        k: _number(v, f"delivery.{k}", _TUNING[k], 1 if k != "relay_interval" else 0.01)
+        k: _number(v, f"delivery.{k}", _TUNING[k], 1 if _TUNING[k] is int else 0.01)
         for k, v in tuning.items()
     }
     backoff_table = _table(data, "backoff", "")

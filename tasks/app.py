@@ -52,13 +52,13 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
                 "data_folder_in": str(folder),
                 "data_folder_out": str(folder),
                 "processed_folder": str(folder / "processed"),
+                "polling_interval": 0.1,
                 "store_processed": False,
             }
         self.conf.update(conf)
 
 
-app = DeliveryCelery("delivery")
-app.conf.include = ["tasks.deliver", "tasks.schedule"]
+app = DeliveryCelery("delivery", include=["tasks.deliver", "tasks.schedule"])
 
 _lock = threading.Lock()
 _service: Service | None = None

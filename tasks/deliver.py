@@ -11,7 +11,7 @@ from delivery import outbox
 from delivery.relay import Claim, relay_once
 from delivery.runtime import get_settings
 from delivery.sender import deliver as deliver_once
-from tasks.app import app, service
+from tasks.app import QUEUE, app, service
 
 __all__ = ["DeadLettered", "deliver", "publish"]
 
@@ -41,7 +41,9 @@ def publish(claims: Sequence[Claim]) -> None:
     The task id is the message key, so Flower finds a message by its key."""
     with app.producer_or_acquire() as producer:
         for claim in claims:
-            deliver.apply_async((claim.id, claim.key), task_id=claim.key, producer=producer)
+            deliver.apply_async(
+                (claim.id, claim.key), task_id=claim.key, producer=producer, queue=QUEUE
+            )
 
 
 def _nudge(engine: Any, ids: list[int]) -> None:

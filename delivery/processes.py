@@ -1,0 +1,148 @@
+"""Start and stop the service's processes (celery worker and beat, the stub provider) as
+real subprocesses, for ``delivery demo`` and the test suite."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+__all__ = ["ServiceProcess", "beat", "stub_provider", "worker"]
+
+
+class ServiceProcess:
+    """A subprocess whose output goes to ``log``; ``start`` waits for ``ready`` in it."""
+
+    def __init__(
+        self,
+        name: str,
+        argv: Sequence[str],
+        *,
+        log: Path,
+        ready: str,
+        env: Mapping[str, str] | None = None,
+        cwd: Path | None = None,
+    ) -> None:
+        self.name, self.argv, self.log, self.ready = name, list(argv), log, ready
+        self.env = dict(os.environ if env is None else env)
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self, timeout: float = 60.0) -> ServiceProcess:
+        self.log.parent.mkdir(parents=True, exist_ok=True)
+        offset = self.log.stat().st_size if self.log.exists() else 0
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                self.argv,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                cwd=self.cwd,
+                start_new_session=True,
+            )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self.log.open("rb") as f:
+                f.seek(offset)
+                if self.ready.encode() in f.read():
+                    return self
+            if self.proc.poll() is not None:
+                break
+            time.sleep(0.05)
+        tail = self.log.read_text(errors="replace")[-3000:]
+        self.stop()
+        raise RuntimeError(f"{self.name} did not start (looked for {self.ready!r}):\n{tail}")
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def kill(self) -> None:
+        """SIGKILL the whole process group: no cleanup, as a crash would."""
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(10)
+
+    def stop(self, timeout: float = 15.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+        except ProcessLookupError:
+            pass
+
+
+def worker(
+    log: Path,
+    *,
+    env: Mapping[str, str] | None = None,
+    pool: str = "threads",
+    concurrency: int = 8,
+    name: str = "worker",
+    cwd: Path | None = None,
+    extra: Sequence[str] = (),
+) -> ServiceProcess:
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks",
+        "worker",
+        "--pool",
+        pool,
+        "--concurrency",
+        str(concurrency),
+        "--loglevel",
+        "INFO",
+        "-n",
+        f"{name}@%h",
+        "--without-gossip",
+        "--without-mingle",
+        *extra,
+    ]
+    return ServiceProcess(name, argv, log=log, ready="ready.", env=env, cwd=cwd)
+
+
+def beat(
+    log: Path, schedule: Path, *, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> ServiceProcess:
+    argv = [
+        sys.executable,
+        "-m",
+        "celery",
+        "-A",
+        "tasks",
+        "beat",
+        "--loglevel",
+        "DEBUG",
+        "-s",
+        str(schedule),
+    ]
+    return ServiceProcess("beat", argv, log=log, ready="beat: Starting", env=env, cwd=cwd)
+
+
+def stub_provider(
+    log: Path, port: int, *, env: Mapping[str, str] | None = None, cwd: Path | None = None
+) -> ServiceProcess:
+    argv = [
+        sys.executable,
+        "-m",
+        "delivery.stub_provider",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+    ]
+    return ServiceProcess("stub", argv, log=log, ready="listening on", env=env, cwd=cwd)

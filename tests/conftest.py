@@ -1,0 +1,219 @@
+"""Fixtures: real PostgreSQL, Redis, celery worker and beat processes, and the stub provider
+over HTTP. The suite uses its own database (``delivery_test``) and Redis dbs 14 (broker) and
+15 (shared state), and cleans them between tests.
+
+A missing service fails the run under ``CI=true``; elsewhere the tests that need it skip.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, create_engine, text
+
+IN_CI = os.environ.get("CI") == "true"
+PG_SERVER = os.environ.get("DELIVERY_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432")
+PG_URL = f"{PG_SERVER}/delivery_test"
+BROKER_URL = os.environ.get("DELIVERY_TEST_BROKER_URL", "redis://127.0.0.1:6379/14")
+REDIS_URL = "redis://127.0.0.1:6379/15"
+RUN_DIR = Path(tempfile.mkdtemp(prefix="delivery-tests-"))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+STUB_PORT = free_port()
+CONFIG = RUN_DIR / "delivery.toml"
+CONFIG.write_text(f"""
+[delivery]
+relay_interval = 0.2
+sweep_interval = 0.5
+dispatch_lease = 10
+send_lease = 8
+max_attempts = 8
+
+[backoff]
+base = 0.05
+cap = 0.5
+
+[timeouts]
+connect = 1
+write = 1
+read = 3
+pool = 1
+
+[providers.stub]
+kind = "http"
+base_url = "http://127.0.0.1:{STUB_PORT}"
+
+[channels.sms]
+provider = "stub"
+on_unknown = "retry"
+
+[channels.email]
+provider = "stub"
+on_unknown = "retry"
+
+[channels.webhook]
+provider = "stub"
+on_unknown = "lookup"
+""")
+
+# Set before anything reads settings: this process (enqueue, the nudge) and every process
+# the tests start use the same database, broker and provider.
+os.environ.update(
+    DELIVERY_DATABASE_URL=PG_URL,
+    DELIVERY_BROKER_URL=BROKER_URL,
+    DELIVERY_REDIS_URL=REDIS_URL,
+    DELIVERY_CONFIG=str(CONFIG),
+    DELIVERY_HOME=str(RUN_DIR / "home"),
+)
+
+
+def need(service: str, error: Exception) -> None:
+    message = f"{service} is not reachable: {error}"
+    if IN_CI:
+        pytest.fail(f"{message} (CI=true: services are required)")
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def pg_engine() -> Iterator[Engine]:
+    """The suite's own PostgreSQL database, created if missing and migrated from scratch."""
+    try:
+        admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+        with admin.connect() as conn:
+            exists = conn.scalar(text("SELECT 1 FROM pg_database WHERE datname='delivery_test'"))
+            if not exists:
+                conn.execute(text("CREATE DATABASE delivery_test"))
+        admin.dispose()
+    except Exception as exc:
+        need("PostgreSQL", exc)
+    from delivery.db import make_engine, upgrade
+
+    engine = make_engine(PG_URL)
+    with engine.begin() as conn:
+        conn.execute(
+            text(
+                "DROP TABLE IF EXISTS delivery_attempts, delivery_messages, alembic_version CASCADE"
+            )
+        )
+    upgrade(engine)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def redis_client():  # type: ignore[no-untyped-def]
+    import redis
+
+    client = redis.Redis.from_url(REDIS_URL)
+    try:
+        client.ping()
+    except Exception as exc:
+        need("Redis", exc)
+    return client
+
+
+@pytest.fixture(scope="session")
+def broker_ready(redis_client) -> None:  # type: ignore[no-untyped-def]
+    if BROKER_URL.startswith("amqp"):
+        from kombu import Connection
+
+        try:
+            with Connection(BROKER_URL, connect_timeout=3) as conn:
+                conn.ensure_connection(max_retries=1)
+        except Exception as exc:
+            need("RabbitMQ", exc)
+
+
+def flush_broker() -> None:
+    if BROKER_URL.startswith("redis"):
+        import redis
+
+        redis.Redis.from_url(BROKER_URL).flushdb()
+    else:
+        from kombu import Connection
+
+        with Connection(BROKER_URL) as conn:
+            conn.default_channel.queue_purge("delivery")
+
+
+@pytest.fixture(scope="session")
+def stub(pg_engine: Engine):  # type: ignore[no-untyped-def]
+    from delivery.processes import stub_provider
+    from delivery.stub_provider import StubClient
+
+    process = stub_provider(RUN_DIR / "stub.log", STUB_PORT).start()
+    client = StubClient(f"http://127.0.0.1:{STUB_PORT}")
+    yield client
+    process.stop()
+
+
+@pytest.fixture(scope="session")
+def pipeline(pg_engine: Engine, broker_ready: None, stub):  # type: ignore[no-untyped-def]
+    """A running celery worker and celery beat against the suite's database and broker."""
+    from delivery.processes import beat, worker
+
+    flush_broker()
+    procs = [
+        worker(RUN_DIR / "worker.log").start(),
+        beat(RUN_DIR / "beat.log", RUN_DIR / "beat-schedule").start(),
+    ]
+    yield procs
+    for proc in procs:
+        proc.stop()
+
+
+@pytest.fixture
+def clean(pg_engine: Engine, stub) -> Engine:  # type: ignore[no-untyped-def]
+    """Empty outbox and a stub with no faults and no effects."""
+    with pg_engine.begin() as conn:
+        conn.execute(text("TRUNCATE delivery_attempts, delivery_messages"))
+    stub.reset()
+    return pg_engine
+
+
+@pytest.fixture
+def live(pipeline, clean: Engine) -> Engine:  # type: ignore[no-untyped-def]
+    """The whole pipeline running, on an empty outbox."""
+    return clean
+
+
+def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, every: float = 0.2) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(every)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+def counts(engine: Engine) -> dict[str, int]:
+    with engine.connect() as conn:
+        rows = conn.execute(text("SELECT status, count(*) FROM delivery_messages GROUP BY status"))
+        return {status: n for status, n in rows}
+
+
+def drained(engine: Engine, total: int, timeout: float = 90.0) -> dict[str, int]:
+    """Wait until all ``total`` messages are in a final status; return the counts."""
+    final = ("sent", "dead", "unknown", "cancelled")
+
+    def done() -> bool:
+        c = counts(engine)
+        return sum(c.get(s, 0) for s in final) == total
+
+    try:
+        wait_until(done, timeout)
+    except AssertionError:
+        raise AssertionError(f"not drained: {counts(engine)}") from None
+    return counts(engine)

@@ -1,0 +1,241 @@
+"""Tests for the ``delivery`` ops CLI against a temporary SQLite outbox."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from delivery.cli import main
+from delivery.db import make_engine, make_sessionmaker
+from delivery.events import Transition, add_hook, remove_hook
+from delivery.models import Attempt, Message, utcnow
+
+RECIPIENT = "+15555550123"
+MASKED = "+1*******123"
+
+
+@pytest.fixture
+def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    url = f"sqlite:///{tmp_path}/x.sqlite3"
+    monkeypatch.setenv("DELIVERY_DATABASE_URL", url)
+    monkeypatch.delenv("DELIVERY_CONFIG", raising=False)
+    result = CliRunner().invoke(main, ["db", "upgrade"])
+    assert result.exit_code == 0, result.output
+    return url
+
+
+@pytest.fixture
+def session(db_url: str) -> Iterator[Session]:
+    engine = make_engine(db_url)
+    with make_sessionmaker(engine)() as session:
+        yield session
+    engine.dispose()
+
+
+def add(session: Session, key: str, status: str, **fields: Any) -> Message:
+    now = utcnow()
+    values: dict[str, Any] = dict(
+        key=key,
+        channel="sms",
+        provider="stub",
+        recipient=RECIPIENT,
+        payload={"body": "hi"},
+        payload_hash="x",
+        on_unknown="retry",
+        status=status,
+        attempts=0,
+        max_attempts=5,
+        needs_lookup=False,
+        next_attempt_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    values.update(fields)
+    message = Message(**values)
+    session.add(message)
+    session.commit()
+    return message
+
+
+def run(*args: str) -> Result:
+    return CliRunner().invoke(main, list(args))
+
+
+def reload(session: Session, key: str) -> Message:
+    session.expire_all()
+    return session.scalars(select(Message).where(Message.key == key)).one()
+
+
+def test_stats_json_counts_every_status(session: Session) -> None:
+    """``stats --json`` prints one line with all seven statuses, zeros included."""
+    for i in range(3):
+        add(session, f"d{i}", "dead")
+    add(session, "s0", "sent")
+    add(session, "u0", "unknown")
+
+    result = run("stats", "--json")
+
+    assert result.exit_code == 0, result.output
+    assert result.output.count("\n") == 1
+    assert json.loads(result.output) == {
+        "pending": 0,
+        "dispatched": 0,
+        "sending": 0,
+        "sent": 1,
+        "dead": 3,
+        "unknown": 1,
+        "cancelled": 0,
+    }
+    assert list(json.loads(result.output)) == [
+        "pending",
+        "dispatched",
+        "sending",
+        "sent",
+        "dead",
+        "unknown",
+        "cancelled",
+    ]
+
+
+def test_dead_lists_only_dead_and_filters_by_code(session: Session) -> None:
+    """``dead`` lists dead messages only, newest first, and ``--code`` keeps one error code."""
+    old = utcnow() - dt.timedelta(hours=3)
+    add(session, "dead-old", "dead", last_error_code="REJECTED", updated_at=old)
+    add(session, "dead-new", "dead", last_error_code="EXHAUSTED")
+    add(session, "sent-1", "sent")
+    add(session, "unknown-1", "unknown", last_error_code="REJECTED")
+
+    listed = run("dead", "--json")
+    assert listed.exit_code == 0, listed.output
+    assert [m["key"] for m in json.loads(listed.output)] == ["dead-new", "dead-old"]
+
+    coded = run("dead", "--code", "REJECTED", "--json")
+    assert [m["key"] for m in json.loads(coded.output)] == ["dead-old"]
+
+    recent = run("dead", "--since", "1h", "--json")
+    assert [m["key"] for m in json.loads(recent.output)] == ["dead-new"]
+
+    table = run("dead")
+    assert table.exit_code == 0, table.output
+    assert "dead-new" in table.output and "sent-1" not in table.output
+    assert RECIPIENT not in table.output
+
+
+def test_show_by_key_and_id_prints_attempts_and_masks(session: Session) -> None:
+    """``show`` finds a message by key or id, prints its attempts and masks the recipient."""
+    message = add(session, "order-7", "dead", attempts=2, last_error_code="REJECTED")
+    for number, code in ((1, "TIMEOUT"), (2, "REJECTED")):
+        session.add(
+            Attempt(
+                message_id=message.id,
+                number=number,
+                kind="send",
+                started_at=utcnow(),
+                outcome="failed",
+                http_status=400,
+                error_code=code,
+                error="bad",
+            )
+        )
+    session.commit()
+
+    by_key = run("show", "order-7", "--json")
+    assert by_key.exit_code == 0, by_key.output
+    data = json.loads(by_key.output)
+    assert data["id"] == message.id
+    assert [a["error_code"] for a in data["attempts"]] == ["TIMEOUT", "REJECTED"]
+    assert data["recipient"] == MASKED
+    assert data["payload"].startswith("<hidden: ")
+
+    by_id = run("show", str(message.id))
+    assert by_id.exit_code == 0, by_id.output
+    assert "order-7" in by_id.output and "TIMEOUT" in by_id.output
+    assert MASKED in by_id.output and RECIPIENT not in by_id.output
+
+    revealed = json.loads(run("show", "order-7", "--json", "--reveal").output)
+    assert revealed["recipient"] == RECIPIENT
+    assert revealed["payload"] == {"body": "hi"}
+    assert RECIPIENT in run("show", "order-7", "--reveal").output
+
+
+def test_redrive_requeues_dead_and_unknown_with_same_key(session: Session) -> None:
+    """``redrive`` puts dead and unknown messages back to pending with the same key."""
+    add(session, "k-dead", "dead", attempts=5, last_error_code="EXHAUSTED")
+    add(session, "k-unknown", "unknown", attempts=3)
+    seen: list[Transition] = []
+    add_hook(seen.append)
+    try:
+        result = run("redrive", "k-dead", "k-unknown")
+    finally:
+        remove_hook(seen.append)
+
+    assert result.exit_code == 0, result.output
+    dead, unknown = reload(session, "k-dead"), reload(session, "k-unknown")
+    assert (dead.status, dead.attempts, dead.needs_lookup) == ("pending", 0, False)
+    assert (unknown.status, unknown.attempts, unknown.needs_lookup) == ("pending", 0, True)
+    assert dead.last_error_code == "EXHAUSTED"
+    assert [(t.key, t.from_status, t.outcome) for t in seen] == [
+        ("k-dead", "dead", "redrive"),
+        ("k-unknown", "unknown", "redrive"),
+    ]
+
+
+def test_redrive_refuses_sent_message(session: Session) -> None:
+    """``redrive`` leaves a sent message alone, says why and exits 1."""
+    sent = add(session, "k-sent", "sent", attempts=1)
+    add(session, "k-dead", "dead")
+
+    result = run("redrive", "--json", str(sent.id), "k-dead")
+
+    assert result.exit_code == 1, result.output
+    rows = json.loads(result.stdout)
+    assert [(r["key"], r["redriven"]) for r in rows] == [("k-sent", False), ("k-dead", True)]
+    assert "only dead or unknown" in rows[0]["reason"]
+    assert reload(session, "k-sent").status == "sent"
+    assert reload(session, "k-dead").status == "pending"
+
+
+def test_unknown_ref_exits_nonzero_naming_it(session: Session) -> None:
+    """A ref that matches no message fails and names the ref, for ``show`` and ``redrive``."""
+    add(session, "k-dead", "dead")
+
+    shown = run("show", "no-such-key")
+    assert shown.exit_code == 2
+    assert "no-such-key" in shown.output and "Traceback" not in shown.output
+
+    redriven = run("redrive", "k-dead", "424242")
+    assert redriven.exit_code == 1
+    assert "424242" in redriven.output
+    assert reload(session, "k-dead").status == "pending"
+
+
+def test_bad_since_names_the_option(db_url: str) -> None:
+    """An unparseable ``--since`` is a usage error that names the option."""
+    result = run("dead", "--since", "yesterday")
+
+    assert result.exit_code == 2
+    assert "--since" in result.output and "yesterday" in result.output
+
+
+def test_broken_config_file_is_an_error_line(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A DELIVERY_CONFIG that is not valid TOML prints ``error:`` and exits 2."""
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[delivery\nmax_attempts = ")
+    monkeypatch.setenv("DELIVERY_CONFIG", str(broken))
+
+    result = run("stats")
+
+    assert result.exit_code == 2
+    assert result.output.startswith("error: ")
+    assert "DELIVERY_CONFIG" in result.output
+    assert "Traceback" not in result.output

@@ -1,0 +1,181 @@
+"""``enqueue`` and configuration: validation, idempotency, and the caller's transaction."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from sqlalchemy import Engine, func, select
+from sqlalchemy.orm import Session
+
+import delivery
+from delivery.config import load_settings
+from delivery.db import make_engine, upgrade
+from delivery.errors import ConfigError, IdempotencyConflict, InvalidMessage
+from delivery.models import Message
+
+SMS = dict(channel="sms", to="+12015550123", payload={"body": "hello"})
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def engine(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Engine]:
+    if request.param == "sqlite":
+        engine = make_engine(f"sqlite:///{tmp_path}/outbox.sqlite3")
+        upgrade(engine)
+        yield engine
+        engine.dispose()
+    else:
+        yield request.getfixturevalue("clean")
+
+
+def count(engine: Engine) -> int:
+    with Session(engine) as session:
+        return int(session.scalar(select(func.count()).select_from(Message)) or 0)
+
+
+def test_enqueue_adds_without_committing(engine: Engine) -> None:
+    """enqueue writes into the caller's transaction and never commits it."""
+    with Session(engine) as session:
+        message = delivery.enqueue(session, **SMS)  # type: ignore[arg-type]
+        assert message.id and message.status == "pending" and len(message.key) == 36
+        session.rollback()
+    assert count(engine) == 0
+
+
+def test_same_key_same_payload_returns_existing(engine: Engine) -> None:
+    """Enqueueing the same key and payload twice gives back the first message."""
+    with Session(engine) as session, session.begin():
+        first_id = delivery.enqueue(session, key="order-42:receipt", **SMS).id  # type: ignore[arg-type]
+    with Session(engine) as session, session.begin():
+        again_id = delivery.enqueue(session, key="order-42:receipt", **SMS).id  # type: ignore[arg-type]
+    assert again_id == first_id and count(engine) == 1
+
+
+def test_same_key_other_payload_conflicts_and_keeps_transaction(engine: Engine) -> None:
+    """A key reused with another payload raises and leaves the transaction usable."""
+    with Session(engine) as session, session.begin():
+        delivery.enqueue(session, key="k1", **SMS)  # type: ignore[arg-type]
+    with Session(engine) as session, session.begin():
+        with pytest.raises(IdempotencyConflict, match="k1"):
+            delivery.enqueue(
+                session, key="k1", channel="sms", to="+12015550123", payload={"body": "other"}
+            )
+        delivery.enqueue(session, key="k2", **SMS)  # type: ignore[arg-type]
+    assert count(engine) == 2
+
+
+BAD = [
+    ("channel", dict(SMS, channel="fax")),
+    ("provider", dict(SMS, provider="nope")),
+    ("on_unknown", dict(SMS, on_unknown="pray")),
+    ("to", dict(SMS, to="555-1234")),
+    ("to", dict(SMS, to="+1555")),
+    ("to", dict(channel="email", to="not-an-address", payload={"body": "x"})),
+    ("to", dict(channel="webhook", to="https://user:pw@example.com/h", payload={"a": 1})),
+    ("payload.body", dict(SMS, payload={"body": ""})),
+    ("payload", dict(SMS, payload={"body": "x" * 70_000})),
+    ("payload", dict(SMS, payload={"body": "x", "when": dt.date(2026, 1, 1)})),
+    ("key", dict(SMS, key="k" * 256)),
+    ("max_attempts", dict(SMS, max_attempts=0)),
+    ("send_at", dict(SMS, send_at=dt.datetime(2026, 1, 1))),
+]
+
+
+@pytest.mark.parametrize(("field", "kwargs"), BAD, ids=[f"{f}-{i}" for i, (f, _) in enumerate(BAD)])
+def test_bad_input_names_the_field_and_writes_nothing(
+    engine: Engine, field: str, kwargs: dict[str, object]
+) -> None:
+    """Each bad input raises InvalidMessage naming its field; nothing is written."""
+    with Session(engine) as session, session.begin():
+        with pytest.raises(InvalidMessage) as info:
+            delivery.enqueue(session, **kwargs)  # type: ignore[arg-type]
+        assert info.value.field == field
+        delivery.enqueue(session, key="still-usable", **SMS)  # type: ignore[arg-type]
+    assert count(engine) == 1
+
+
+def test_send_at_in_the_future_is_held(engine: Engine) -> None:
+    """A future send_at becomes the row's next_attempt_at, in UTC."""
+    when = dt.datetime(2030, 1, 1, 12, tzinfo=dt.timezone(dt.timedelta(hours=2)))
+    with Session(engine) as session, session.begin():
+        message_id = delivery.enqueue(session, send_at=when, **SMS).id  # type: ignore[arg-type]
+    with Session(engine) as session:
+        stored = session.get(Message, message_id)
+        assert stored is not None and stored.next_attempt_at == when
+
+
+def write(tmp_path: Path, text: str) -> dict[str, str]:
+    path = tmp_path / "delivery.toml"
+    path.write_text(text)
+    return {"DELIVERY_CONFIG": str(path)}
+
+
+def test_issue_toml_loads(tmp_path: Path) -> None:
+    """The documented minimal TOML gives an http provider and an sms channel."""
+    settings = load_settings(
+        write(
+            tmp_path,
+            """
+[providers.stub]
+kind = "http"
+base_url = "http://127.0.0.1:9090"
+
+[channels.sms]
+provider = "stub"
+on_unknown = "retry"
+""",
+        )
+    )
+    assert settings.providers["stub"].base_url == "http://127.0.0.1:9090"
+    assert settings.channels["sms"].on_unknown == "retry"
+    assert settings.database_url.startswith("sqlite:///")
+
+
+@pytest.mark.parametrize(
+    ("text", "key"),
+    [
+        ('[providers.s]\nbase_url = "http://x"\n', "providers.s.kind"),
+        ('[providers.s]\nkind = "carrier-pigeon"\nbase_url = "http://x"\n', "providers.s.kind"),
+        ('[providers.s]\nkind = "http"\nbase_url = "ftp://x"\n', "providers.s.base_url"),
+        (
+            '[providers.s]\nkind = "http"\nbase_url = "http://x"\n[channels.sms]\nprovider = "t"\n',
+            "channels.sms.provider",
+        ),
+        (
+            '[providers.s]\nkind = "http"\nbase_url = "http://x"\n[channels.sms]\nprovider = "s"\n'
+            'on_unknown = "maybe"\n',
+            "channels.sms.on_unknown",
+        ),
+        ('[backoff]\nbase = "fast"\n', "backoff.base"),
+        ("[timeouts]\nread = -1\n", "timeouts.read"),
+        ("[delivery]\nmax_atempts = 3\n", "delivery.max_atempts"),
+        ("[delivery]\nsend_lease = 2\n", "delivery.send_lease"),
+        ('[channels.fax]\nprovider = "stub"\n', "channels.fax"),
+        ("[providers\n", "DELIVERY_CONFIG"),
+    ],
+)
+def test_bad_config_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    """A wrong or missing setting fails at start-up with its dotted key in the message."""
+    with pytest.raises(ConfigError) as info:
+        load_settings(write(tmp_path, text))
+    assert info.value.key == key and key in str(info.value)
+
+
+def test_missing_config_file_is_named(tmp_path: Path) -> None:
+    """DELIVERY_CONFIG pointing nowhere is a ConfigError, not a traceback."""
+    with pytest.raises(ConfigError, match="DELIVERY_CONFIG"):
+        load_settings({"DELIVERY_CONFIG": str(tmp_path / "missing.toml")})
+
+
+def test_secret_is_read_from_environment_only(tmp_path: Path) -> None:
+    """api_key_env names a variable; the secret itself is never part of the settings."""
+    env = write(
+        tmp_path, '[providers.p]\nkind = "http"\nbase_url = "http://x"\napi_key_env = "P_KEY"\n'
+    )
+    settings = load_settings({**env, "P_KEY": "s3cret"})
+    assert "s3cret" not in repr(settings)
+    assert settings.providers["p"].api_key({"P_KEY": "s3cret"}) == "s3cret"
+    assert json.dumps(str(settings)).count("s3cret") == 0

@@ -1,0 +1,134 @@
+"""The relay's claim on real PostgreSQL: concurrency, leases, and the sweeper."""
+
+from __future__ import annotations
+
+import datetime as dt
+import threading
+from collections import Counter
+from collections.abc import Sequence
+
+import pytest
+from sqlalchemy import Engine, insert, select, update
+
+from delivery.models import Message, messages_table, utcnow
+from delivery.relay import Claim, relay_once
+from delivery.sweeper import sweep
+
+pytestmark = pytest.mark.integration
+
+
+def add_due(engine: Engine, n: int, **overrides: object) -> None:
+    now = utcnow()
+    rows = [
+        dict(
+            key=f"due-{i}",
+            channel="sms",
+            provider="stub",
+            recipient="+12015550100",
+            payload={"body": "x"},
+            payload_hash="h",
+            on_unknown="retry",
+            status="pending",
+            attempts=0,
+            max_attempts=3,
+            needs_lookup=False,
+            next_attempt_at=now,
+            created_at=now,
+            updated_at=now,
+            **overrides,
+        )
+        for i in range(n)
+    ]
+    with engine.begin() as conn:
+        conn.execute(insert(messages_table), rows)
+
+
+def test_two_relays_publish_each_row_once(clean: Engine) -> None:
+    """Two relays racing over 1,000 due rows publish every row exactly once."""
+    add_due(clean, 1000)
+    published: list[Claim] = []
+    lock = threading.Lock()
+    start = threading.Barrier(2)
+
+    def publish(claims: Sequence[Claim]) -> None:
+        with lock:
+            published.extend(claims)
+
+    def run() -> None:
+        start.wait()
+        relay_once(clean, publish, batch=50, lease=30)
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    per_row = Counter(c.id for c in published)
+    assert len(per_row) == 1000 and set(per_row.values()) == {1}
+    with clean.connect() as conn:
+        statuses = set(conn.scalars(select(messages_table.c.status)))
+    assert statuses == {"dispatched"}
+
+
+def test_failed_publish_returns_rows_to_pending(clean: Engine) -> None:
+    """When publishing fails, the claimed rows go back to pending for the next tick."""
+    add_due(clean, 10)
+
+    def broken(claims: Sequence[Claim]) -> None:
+        raise ConnectionError("broker down")
+
+    with pytest.raises(ConnectionError):
+        relay_once(clean, broken, batch=100, lease=30)
+    with clean.connect() as conn:
+        assert set(conn.scalars(select(messages_table.c.status))) == {"pending"}
+
+
+def test_future_rows_are_not_claimed(clean: Engine) -> None:
+    """A row scheduled in the future stays pending until it is due."""
+    add_due(
+        clean,
+        3,
+    )
+    with clean.begin() as conn:
+        conn.execute(
+            update(messages_table)
+            .where(messages_table.c.key == "due-0")
+            .values(next_attempt_at=utcnow() + dt.timedelta(hours=1))
+        )
+    claimed: list[Claim] = []
+    relay_once(clean, claimed.extend, batch=10, lease=30)
+    assert sorted(c.key for c in claimed) == ["due-1", "due-2"]
+
+
+def test_sweeper_recovers_expired_leases_by_policy(clean: Engine) -> None:
+    """Expired dispatched rows return to pending; expired sending rows follow their policy."""
+    past = utcnow() - dt.timedelta(seconds=5)
+    add_due(clean, 5)
+    with clean.begin() as conn:
+
+        def set_row(key: str, **values: object) -> None:
+            conn.execute(
+                update(messages_table)
+                .where(messages_table.c.key == key)
+                .values(lease_expires_at=past, **values)
+            )
+
+        set_row("due-0", status="dispatched")
+        set_row("due-1", status="sending", attempts=1, on_unknown="retry")
+        set_row("due-2", status="sending", attempts=1, on_unknown="lookup")
+        set_row("due-3", status="sending", attempts=1, on_unknown="give_up")
+        set_row("due-4", status="sending", attempts=3, on_unknown="retry")
+    report = sweep(clean)
+    assert (report.requeued, report.recovered, report.unknown) == (1, 2, 2)
+    with clean.connect() as conn:
+        rows = {
+            r.key: (r.status, r.needs_lookup)
+            for r in conn.execute(select(Message.key, Message.status, Message.needs_lookup))
+        }
+    assert rows == {
+        "due-0": ("pending", False),
+        "due-1": ("pending", False),
+        "due-2": ("pending", True),
+        "due-3": ("unknown", False),
+        "due-4": ("unknown", False),
+    }
