@@ -339,10 +339,20 @@ def stub_provider_command(host: str, port: int) -> None:
 
 
 @main.command()
-@click.option("--count", type=click.IntRange(min=2), default=40, show_default=True,
-              help="How many messages to push through.")
-@click.option("--timeout", type=click.FloatRange(min=1), default=120.0, show_default=True,
-              help="Seconds to wait for every message to be final.")
+@click.option(
+    "--count",
+    type=click.IntRange(min=2),
+    default=40,
+    show_default=True,
+    help="How many messages to push through.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=1),
+    default=120.0,
+    show_default=True,
+    help="Seconds to wait for every message to be final.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the report as one JSON object.")
 def demo(count: int, timeout: float, as_json: bool) -> None:
     """Run the whole pipeline (stub provider, celery worker and beat) with injected faults.

@@ -65,43 +65,70 @@ on_unknown = "retry"
     return path
 
 
-def run_demo(count: int = 40, timeout: float = 120.0,
-             progress: Callable[[str], None] = print) -> DemoReport:
+def run_demo(
+    count: int = 40, timeout: float = 120.0, progress: Callable[[str], None] = print
+) -> DemoReport:
     home = Path(os.environ.get("DELIVERY_HOME", ".delivery")).resolve()
     home.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with StubServer().start() as stub:
-        env = {**os.environ, "DELIVERY_CONFIG": str(_config(home, stub.url)),
-               "DELIVERY_HOME": str(home)}
+        env = {
+            **os.environ,
+            "DELIVERY_CONFIG": str(_config(home, stub.url)),
+            "DELIVERY_HOME": str(home),
+        }
         settings = load_settings(env)
         engine = make_engine(settings.database_url)
         upgrade(engine)
-        progress(f"outbox: {engine.url.render_as_string(hide_password=True)}; "
-                 f"broker: {settings.broker_url}; stub provider: {stub.url}")
-        stub.set_faults(drop_rate=0.2, error_rate=0.15, error_status=503, seed=42,
-                        rules={REJECTED: {"status": 400, "json": {"code": 21211,
-                                                                  "message": "Invalid To"}}})
+        progress(
+            f"outbox: {engine.url.render_as_string(hide_password=True)}; "
+            f"broker: {settings.broker_url}; stub provider: {stub.url}"
+        )
+        stub.set_faults(
+            drop_rate=0.2,
+            error_rate=0.15,
+            error_status=503,
+            seed=42,
+            rules={REJECTED: {"status": 400, "json": {"code": 21211, "message": "Invalid To"}}},
+        )
         run = time.strftime("%Y%m%d%H%M%S")
         with Session(engine) as session, session.begin():
             for i in range(count - 1):
-                enqueue(session, channel="sms", to=f"+1201555{i % 10000:04d}",
-                        payload={"body": f"Your code is {100000 + i}"}, key=f"demo-{run}-{i}",
-                        settings=settings)
-            enqueue(session, channel="sms", to=REJECTED, payload={"body": "never arrives"},
-                    key=f"demo-{run}-rejected", settings=settings)
-        progress(f"enqueued {count} messages (20% of answers dropped after accept, "
-                 f"15% 503s, one invalid number)")
+                enqueue(
+                    session,
+                    channel="sms",
+                    to=f"+1201555{i % 10000:04d}",
+                    payload={"body": f"Your code is {100000 + i}"},
+                    key=f"demo-{run}-{i}",
+                    settings=settings,
+                )
+            enqueue(
+                session,
+                channel="sms",
+                to=REJECTED,
+                payload={"body": "never arrives"},
+                key=f"demo-{run}-rejected",
+                settings=settings,
+            )
+        progress(
+            f"enqueued {count} messages (20% of answers dropped after accept, "
+            f"15% 503s, one invalid number)"
+        )
         logs = home / "logs"
-        procs = [worker(logs / "worker.log", env=env, concurrency=4).start(),
-                 beat(logs / "beat.log", home / "beat-schedule", env=env).start()]
+        procs = [
+            worker(logs / "worker.log", env=env, concurrency=4).start(),
+            beat(logs / "beat.log", home / "beat-schedule", env=env).start(),
+        ]
         try:
             deadline = time.monotonic() + timeout
             prefix = f"demo-{run}-%"
             while time.monotonic() < deadline:
                 with Session(engine) as session:
                     rows = session.execute(
-                        select(Message.status, func.count()).where(Message.key.like(prefix))
-                        .group_by(Message.status)).all()
+                        select(Message.status, func.count())
+                        .where(Message.key.like(prefix))
+                        .group_by(Message.status)
+                    ).all()
                 statuses = {str(s): int(n) for s, n in rows}
                 if sum(n for s, n in statuses.items() if s in FINAL) == count:
                     break
@@ -114,7 +141,9 @@ def run_demo(count: int = 40, timeout: float = 120.0,
         requests = stub.requests()
     ordered = {s.value: statuses.get(s.value, 0) for s in Status if statuses.get(s.value)}
     return DemoReport(
-        statuses=ordered, keys=count, effects=sum(effects.values()),
+        statuses=ordered,
+        keys=count,
+        effects=sum(effects.values()),
         duplicated_keys=sum(1 for n in effects.values() if n > 1),
         dropped_answers=sum(1 for r in requests if r["outcome"] == "dropped"),
         provider_errors=sum(1 for r in requests if r["outcome"] == "error"),
