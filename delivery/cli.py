@@ -381,3 +381,7 @@ def demo(count: int, timeout: float, as_json: bool) -> None:
     final = sum(n for s, n in report.statuses.items() if s in ("sent", "dead", "unknown"))
     if final != count or report.duplicated_keys:
         raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -108,8 +108,7 @@ def relay_once(
                 release(connection, claims)
             raise
         total += len(claims)
-        if len(claims) < batch:
-            break
+        # A short batch does not mean the end: another relay may hold rows we skipped.
     if total:
         log.debug("relay published %d messages", total)
     return total

@@ -18,10 +18,14 @@ import pytest
 from sqlalchemy import Engine, create_engine, text
 
 IN_CI = os.environ.get("CI") == "true"
+# Several suites may run at once on one machine: slot N uses database delivery_test{N} and
+# Redis dbs 14-2N (broker) and 15-2N (shared state). Slot 0 is the default.
+SLOT = int(os.environ.get("DELIVERY_TEST_SLOT", "0"))
 PG_SERVER = os.environ.get("DELIVERY_TEST_PG", "postgresql+psycopg://root@127.0.0.1:5432")
-PG_URL = f"{PG_SERVER}/delivery_test"
-BROKER_URL = os.environ.get("DELIVERY_TEST_BROKER_URL", "redis://127.0.0.1:6379/14")
-REDIS_URL = "redis://127.0.0.1:6379/15"
+PG_DB = f"delivery_test{SLOT or ''}"
+PG_URL = f"{PG_SERVER}/{PG_DB}"
+BROKER_URL = os.environ.get("DELIVERY_TEST_BROKER_URL", f"redis://127.0.0.1:6379/{14 - 2 * SLOT}")
+REDIS_URL = f"redis://127.0.0.1:6379/{15 - 2 * SLOT}"
 RUN_DIR = Path(tempfile.mkdtemp(prefix="delivery-tests-"))
 
 
@@ -92,9 +96,11 @@ def pg_engine() -> Iterator[Engine]:
     try:
         admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
         with admin.connect() as conn:
-            exists = conn.scalar(text("SELECT 1 FROM pg_database WHERE datname='delivery_test'"))
+            exists = conn.scalar(
+                text("SELECT 1 FROM pg_database WHERE datname = :name"), {"name": PG_DB}
+            )
             if not exists:
-                conn.execute(text("CREATE DATABASE delivery_test"))
+                conn.execute(text(f"CREATE DATABASE {PG_DB}"))
         admin.dispose()
     except Exception as exc:
         need("PostgreSQL", exc)
@@ -217,3 +223,13 @@ def drained(engine: Engine, total: int, timeout: float = 90.0) -> dict[str, int]
     except AssertionError:
         raise AssertionError(f"not drained: {counts(engine)}") from None
     return counts(engine)
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Keep the logs of a failed run in RUN_DIR; remove them after a green one."""
+    if exitstatus == 0:
+        import shutil
+
+        shutil.rmtree(RUN_DIR, ignore_errors=True)
+    else:
+        print(f"\nprocess logs kept in {RUN_DIR}")

@@ -151,3 +151,46 @@ def test_task_for_a_finished_message_does_nothing(live: Engine, stub) -> None:  
         service.close()
     assert len(stub.requests()) == 1
     assert counts(live) == {"sent": 1}
+
+
+def test_commit_nudge_publishes_at_once(live: Engine, stub, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Right after commit the nudge has claimed the new rows: no wait for the beat tick."""
+    from delivery import outbox
+
+    seen: list[list[int]] = []
+    real = outbox._nudge
+    assert real is not None, "importing tasks must install the nudge"
+
+    def observed(engine: Engine, ids: list[int]) -> None:
+        seen.append(list(ids))
+        real(engine, ids)
+
+    monkeypatch.setattr(outbox, "_nudge", observed)
+    with Session(live) as session, session.begin():
+        ids = [
+            delivery.enqueue(
+                session,
+                channel="sms",
+                to=f"+120155501{i:02d}",
+                payload={"body": "x"},
+                key=f"nudge-{i}",
+            ).id
+            for i in range(3)
+        ]
+    assert seen == [ids]
+    with live.connect() as conn:
+        statuses = set(conn.scalars(text("SELECT status FROM delivery_messages")))
+    assert "pending" not in statuses
+    assert drained(live, 3, timeout=30) == {"sent": 3}
+
+
+def test_lost_retries_are_recovered_from_the_outbox(live: Engine, stub) -> None:  # type: ignore[no-untyped-def]
+    """Flushing the broker while retries wait in it loses nothing: leases bring them back."""
+    from tests.conftest import flush_broker, wait_until
+
+    stub.set_faults(fail_first=1, error_status=503)
+    keys = enqueue_many(live, 50, "flushed")
+    wait_until(lambda: len(stub.requests()) >= 50, timeout=30, every=0.02)
+    flush_broker()
+    assert drained(live, 50, timeout=60) == {"sent": 50}
+    assert set(stub.effects()) == set(keys) and set(stub.effects().values()) == {1}
