@@ -768,9 +768,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     stub = StubServer(args.host, args.port)
     in_main_thread = threading.current_thread() is threading.main_thread()
-    previous = signal.getsignal(signal.SIGTERM)
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {signum: signal.getsignal(signum) for signum in signals}
     if in_main_thread:
-        signal.signal(signal.SIGTERM, _interrupt)
+        for signum in signals:  # also when SIGINT was ignored (e.g. started with `&`)
+            signal.signal(signum, _interrupt)
     print(f"stub provider listening on {stub.url}", flush=True)
     try:
         stub.serve_forever()
@@ -778,8 +780,10 @@ def main(argv: list[str] | None = None) -> None:
         pass
     finally:
         stub.stop()
-        if in_main_thread and previous is not None:
-            signal.signal(signal.SIGTERM, previous)
+        if in_main_thread:
+            for signum, handler in previous.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
 
 
 if __name__ == "__main__":

@@ -326,8 +326,9 @@ def test_stop_releases_the_port() -> None:
             httpx.get(f"{stub.url}/_stub/health", timeout=2.0)
 
 
-def test_cli_prints_real_port_and_exits_cleanly_on_sigterm() -> None:
-    """`python -m delivery.stub_provider --port 0` prints its URL, serves, and exits 0 on TERM."""
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
+def test_cli_prints_real_port_and_exits_cleanly_on_signal(signum: signal.Signals) -> None:
+    """`python -m delivery.stub_provider --port 0` prints its URL, serves, exits 0 on signal."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
@@ -335,6 +336,7 @@ def test_cli_prints_real_port_and_exits_cleanly_on_sigterm() -> None:
     proc = subprocess.Popen(
         [sys.executable, "-m", "delivery.stub_provider", "--port", "0"],
         stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
         env=env,
         cwd=REPO_ROOT,
@@ -347,8 +349,10 @@ def test_cli_prints_real_port_and_exits_cleanly_on_sigterm() -> None:
         url = line[len(prefix) :]
         assert not url.endswith(":0")
         assert StubClient(url).health() is True
-        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signum)
         assert proc.wait(timeout=10) == 0
+        assert proc.stderr is not None
+        assert "Traceback" not in proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
