@@ -13,7 +13,11 @@ TOML (every section optional; unknown keys are errors that name the key)::
                         # dispatch_lease, send_lease, sweep_interval, max_countdown
     [backoff]           # base, cap (seconds)
     [timeouts]          # connect, write, read, pool (seconds), defaults for every provider
-    [providers.NAME]    # kind = "http", base_url, api_key_env, [providers.NAME.timeouts]
+    [providers.NAME]    # kind = "http", base_url, api_key_env, [providers.NAME.timeouts],
+                        # plus the adapter's own keys (config.options); kind is a built-in
+                        # kind, an entry point or "package.module:Class" (delivery.providers)
+    [providers.NAME.breaker]  # failure_threshold, window, reset_timeout, success_threshold,
+                              # on_redis_error = "local" | "allow"
     [channels.NAME]     # NAME in sms | email | webhook; provider, on_unknown, max_attempts
 
 Nothing here reads ``os.environ`` at import time.
@@ -33,8 +37,10 @@ from delivery.policies import UnknownPolicy
 
 __all__ = [
     "CHANNELS",
+    "ON_REDIS_ERROR",
     "PROVIDER_KINDS",
     "Backoff",
+    "BreakerConfig",
     "ChannelConfig",
     "ProviderConfig",
     "Settings",
@@ -43,7 +49,8 @@ __all__ = [
 ]
 
 CHANNELS = ("email", "sms", "webhook")
-PROVIDER_KINDS = ("http",)
+PROVIDER_KINDS = ("http", "pigeon", "twilio", "webhook")  # built in; see delivery.providers
+ON_REDIS_ERROR = ("local", "allow")
 DEFAULT_HOME = ".delivery"
 DEFAULT_STUB_URL = "http://127.0.0.1:9090"
 
@@ -71,12 +78,31 @@ class Backoff:
 
 
 @dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """A provider's circuit breaker (``delivery.breaker``); defaults from seed 001.
+
+    ``failure_threshold`` transient failures inside ``window`` seconds open it; after
+    ``reset_timeout`` seconds one probe may go; ``success_threshold`` probe successes close
+    it. ``on_redis_error``: ``local`` (each process keeps its own breaker while Redis is
+    unreachable) or ``allow`` (send without a breaker meanwhile).
+    """
+
+    failure_threshold: int = 5
+    window: float = 60.0
+    reset_timeout: float = 30.0
+    success_threshold: int = 2
+    on_redis_error: str = "local"
+
+
+@dataclass(frozen=True, slots=True)
 class ProviderConfig:
     name: str
     kind: str
     base_url: str
     timeouts: Timeouts
     api_key_env: str | None = None
+    breaker: BreakerConfig = BreakerConfig()
+    options: Mapping[str, Any] = field(default_factory=dict)  # the adapter's own keys
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The secret, read from the environment when needed; never stored in settings."""
@@ -173,23 +199,51 @@ def _policy(value: Any, key: str) -> UnknownPolicy:
         raise ConfigError(key, f"{value!r} is not a policy ({choices})") from None
 
 
+def _breaker(table: Mapping[str, Any], where: str) -> BreakerConfig:
+    _only(table, set(BreakerConfig.__dataclass_fields__), where)
+    values: dict[str, Any] = {}
+    for key in ("failure_threshold", "success_threshold"):
+        if key in table:
+            values[key] = _number(table[key], f"{where}{key}", int, 1)
+    for key in ("window", "reset_timeout"):
+        if key in table:
+            values[key] = _number(table[key], f"{where}{key}", float, 0.001)
+    if "on_redis_error" in table:
+        choice = table["on_redis_error"]
+        if choice not in ON_REDIS_ERROR:
+            raise ConfigError(
+                f"{where}on_redis_error", f"{choice!r} is not one of {ON_REDIS_ERROR}"
+            )
+        values["on_redis_error"] = choice
+    return BreakerConfig(**values)
+
+
 def _provider(name: str, table: Mapping[str, Any], timeouts: Timeouts) -> ProviderConfig:
+    from delivery.providers import adapter_for  # the registry imports this module
+
     where = f"providers.{name}."
-    _only(table, {"kind", "base_url", "api_key_env", "timeouts"}, where)
-    for required in ("kind", "base_url"):
-        if required not in table:
-            raise ConfigError(f"{where}{required}", "is required")
-    kind = _string(table["kind"], f"{where}kind")
-    if kind not in PROVIDER_KINDS:
-        raise ConfigError(f"{where}kind", f"{kind!r} is not a provider kind {PROVIDER_KINDS}")
-    base_url = _string(table["base_url"], f"{where}base_url").rstrip("/")
-    if not base_url.startswith(("http://", "https://")):
-        raise ConfigError(f"{where}base_url", "must start with http:// or https://")
+    if "kind" not in table:
+        raise ConfigError(f"{where}kind", "is required")
+    adapter = adapter_for(_string(table["kind"], f"{where}kind"), f"{where}kind")
+    common = {"kind", "base_url", "api_key_env", "timeouts", "breaker"}
+    _only(table, common | set(adapter.config_keys), where)
+    base_url = adapter.default_base_url
+    if "base_url" in table or base_url is None:
+        if "base_url" not in table:
+            raise ConfigError(f"{where}base_url", "is required")
+        base_url = _string(table["base_url"], f"{where}base_url").rstrip("/")
+        if not base_url.startswith(("http://", "https://")):
+            raise ConfigError(f"{where}base_url", "must start with http:// or https://")
     api_key_env = table.get("api_key_env")
     if api_key_env is not None:
         api_key_env = _string(api_key_env, f"{where}api_key_env")
+    timeouts = replace(timeouts, **adapter.default_timeouts)  # e.g. pigeon's read = 45
     own = _timeouts(_table(table, "timeouts", where), timeouts, f"{where}timeouts.")
-    return ProviderConfig(name, kind, base_url, own, api_key_env)
+    breaker = _breaker(_table(table, "breaker", where), f"{where}breaker.")
+    options = adapter.options(table, where)
+    config = ProviderConfig(name, adapter.kind, base_url, own, api_key_env, breaker, options)
+    adapter.check(config, where)
+    return config
 
 
 def _channel(name: str, table: Mapping[str, Any], providers: Mapping[str, Any]) -> ChannelConfig:
@@ -202,7 +256,14 @@ def _channel(name: str, table: Mapping[str, Any], providers: Mapping[str, Any]) 
     provider = _string(table["provider"], f"{where}provider")
     if provider not in providers:
         raise ConfigError(f"{where}provider", f"{provider!r} is not a configured provider")
-    policy = _policy(table.get("on_unknown", "retry"), f"{where}on_unknown")
+    from delivery.providers import adapter_for  # the registry imports this module
+
+    adapter = adapter_for(providers[provider].kind)  # its default policy, e.g. twilio: lookup
+    policy = _policy(table.get("on_unknown", adapter.default_on_unknown), f"{where}on_unknown")
+    if policy is UnknownPolicy.LOOKUP and not adapter.supports_lookup:
+        raise ConfigError(
+            f"{where}on_unknown", f"provider {provider!r} ({adapter.kind}) has no lookup"
+        )
     max_attempts = table.get("max_attempts")
     if max_attempts is not None:
         max_attempts = _number(max_attempts, f"{where}max_attempts", int, 1)

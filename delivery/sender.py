@@ -5,6 +5,11 @@ commits *before* calling the provider, so that a crash mid-call leaves a ``sendi
 sweeper can find. The provider's outcome then decides the next state in one transaction
 together with the attempt's log row. A task for a row that is not ``dispatched``, not yet
 due, or already taken by another worker does nothing.
+
+Before taking the row, the provider's circuit breaker (``delivery.breaker``) is asked: while
+it is open (or half-open with its one probe taken) the row goes back to ``pending`` until the
+breaker's next probe time plus up to ``CIRCUIT_JITTER`` s, with code ``CIRCUIT_OPEN`` and no
+attempt spent. The call's outcome is then recorded in the breaker.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from dataclasses import dataclass
 from sqlalchemy import Connection, insert, select, update
 
 from delivery.backoff import compute_backoff
+from delivery.breaker import Permit
 from delivery.events import Transition, emit
 from delivery.models import Message, attempts_table, messages_table, utcnow
 from delivery.outcomes import (
@@ -34,7 +40,10 @@ from delivery.providers import Envelope
 from delivery.service import Service
 from delivery.status import Status
 
-__all__ = ["Result", "deliver"]
+__all__ = ["CIRCUIT_JITTER", "CIRCUIT_OPEN", "Result", "deliver"]
+
+CIRCUIT_OPEN = "CIRCUIT_OPEN"
+CIRCUIT_JITTER = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +89,11 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
             return Result("retry", status=row.status, delay=early, reason="not due yet")
         return Result("skip", status=row.status, reason="not due yet")
 
+    breaker = service.breaker(row.provider)
+    permit = breaker.allow()
+    if not permit.allowed:
+        return _circuit_open(service, row.id, row.key, row.provider, row.attempts, permit)
+
     attempt = row.attempts + 1
     with service.engine.begin() as conn:
         taken = conn.execute(
@@ -97,6 +111,7 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
             )
         ).rowcount
     if not taken:
+        breaker.release(permit)
         return Result("skip", reason="taken by another worker")
     emit(Transition(row.id, row.key, row.provider, Status.DISPATCHED, Status.SENDING, attempt))
 
@@ -108,12 +123,63 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
     if row.needs_lookup:
         started = time.perf_counter()
         found = provider.lookup(envelope)
+        if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
+            breaker.record(permit, found.kind)
         lookup_result = _after_lookup(service, msg, found, started)
         if lookup_result is not None:
             return lookup_result
     started = time.perf_counter()
     outcome = provider.send(envelope)
+    breaker.record(permit, outcome.kind)
     return _after_send(service, msg, outcome, started)
+
+
+def _circuit_open(
+    service: Service, message_id: int, key: str, provider: str, attempts: int, permit: Permit
+) -> Result:
+    """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
+    without spending an attempt."""
+    now = utcnow()
+    wait = max(0.0, (permit.retry_at or 0.0) - time.time())
+    wait += service.rng.uniform(0.0, CIRCUIT_JITTER)
+    due = now + dt.timedelta(seconds=wait)
+    reason = (
+        f"circuit breaker of provider {provider!r} is {permit.state}; "
+        f"next try at {due.isoformat(timespec='seconds')}"
+    )
+    with service.engine.begin() as conn:
+        parked = conn.execute(
+            update(messages_table)
+            .where(
+                messages_table.c.id == message_id,
+                messages_table.c.status == Status.DISPATCHED.value,
+                messages_table.c.attempts == attempts,
+            )
+            .values(
+                status=Status.PENDING.value,
+                next_attempt_at=due,
+                lease_expires_at=None,
+                last_error_code=CIRCUIT_OPEN,
+                last_error=reason,
+                updated_at=now,
+            )
+        ).rowcount
+    if not parked:
+        return Result("skip", reason="taken by another worker")
+    emit(
+        Transition(
+            message_id,
+            key,
+            provider,
+            Status.DISPATCHED,
+            Status.PENDING,
+            attempts,
+            "circuit_open",
+            CIRCUIT_OPEN,
+            round(wait, 3),
+        )
+    )
+    return Result("parked", Status.PENDING, wait, CIRCUIT_OPEN, reason)
 
 
 @dataclass(frozen=True, slots=True)

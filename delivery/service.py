@@ -1,4 +1,5 @@
-"""The objects one worker or relay process holds: settings, database, provider clients."""
+"""The objects one worker or relay process holds: settings, database, provider clients and
+circuit breakers."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
+from delivery.breaker import Breakers, CircuitBreaker
 from delivery.config import Settings
 from delivery.db import make_engine, make_sessionmaker
 from delivery.providers import Provider, build_provider
@@ -27,6 +29,7 @@ class Service:
     rng: random.Random = field(default_factory=random.Random)
     _providers: dict[str, Provider] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _breakers: Breakers | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Service:
@@ -40,9 +43,19 @@ class Service:
                 provider = self._providers[name] = build_provider(self.settings.providers[name])
             return provider
 
+    def breaker(self, name: str) -> CircuitBreaker:
+        """The provider's circuit breaker (shared through Redis when it is configured)."""
+        with self._lock:
+            if self._breakers is None:
+                self._breakers = Breakers(self.settings)
+            return self._breakers.get(name)
+
     def close(self) -> None:
         with self._lock:
             for provider in self._providers.values():
                 provider.close()
             self._providers.clear()
+            if self._breakers is not None:
+                self._breakers.close()
+                self._breakers = None
         self.engine.dispose()
