@@ -15,6 +15,7 @@ from delivery.errors import (
     MessageNotFound,
 )
 from delivery.events import Transition, add_hook
+from delivery.keys import agent_key, key
 from delivery.models import Attempt, Message
 from delivery.outbox import enqueue
 from delivery.policies import UnknownPolicy
@@ -34,8 +35,10 @@ __all__ = [
     "Transition",
     "UnknownPolicy",
     "add_hook",
+    "agent_key",
     "configure",
     "enqueue",
     "get_settings",
+    "key",
     "load_settings",
 ]

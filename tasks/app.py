@@ -52,6 +52,7 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
                 "data_folder_in": str(folder),
                 "data_folder_out": str(folder),
                 "processed_folder": str(folder / "processed"),
+                "control_folder": str(folder / "control"),
                 "polling_interval": 0.1,
                 "store_processed": False,
             }

@@ -31,9 +31,11 @@ def test_public_api_is_pinned_and_sorted() -> None:
         "Transition",
         "UnknownPolicy",
         "add_hook",
+        "agent_key",
         "configure",
         "enqueue",
         "get_settings",
+        "key",
         "load_settings",
     ]
 
@@ -41,7 +43,13 @@ def test_public_api_is_pinned_and_sorted() -> None:
 def test_library_does_not_import_celery() -> None:
     """delivery/ is framework-free: importing all of it loads no Celery."""
     code = (
-        "import sys, pkgutil, importlib, delivery\n"
+        "import sys, pkgutil, importlib, delivery, django\n"
+        "from django.conf import settings\n"  # delivery.contrib.django's models need an app
+        "settings.configure(DELIVERY_NUDGE=False, DELIVERY_DATABASE_URL='sqlite://',\n"
+        "    INSTALLED_APPS=['django.contrib.admin', 'django.contrib.auth',\n"
+        "    'django.contrib.contenttypes', 'django.contrib.messages',\n"
+        "    'delivery.contrib.django'])\n"
+        "django.setup()\n"
         "for m in pkgutil.walk_packages(delivery.__path__, 'delivery.'):\n"
         "    if '.migrations' not in m.name: importlib.import_module(m.name)\n"
         "assert 'celery' not in sys.modules, 'celery imported'\n"

@@ -1,0 +1,7 @@
+"""Framework integrations: ``delivery.contrib.flask`` and ``delivery.contrib.django``.
+
+Both read the ``DELIVERY_*`` settings from the framework's configuration (falling back to the
+environment) with ``delivery.contrib.settings.settings_from_config``, and install the
+post-commit nudge so that a committed message is published at once instead of on the next
+beat tick. Neither is imported by ``delivery`` itself: Flask and Django stay optional.
+"""

@@ -1,0 +1,62 @@
+"""``enqueue`` for Django: ``delivery.enqueue`` through Django's own connection.
+
+It runs inside ``transaction.atomic(using=...)``: within the caller's ``atomic`` block it is
+a savepoint of the caller's transaction (rollback: no row, no send); outside one, its own
+transaction. The post-commit nudge is registered with ``transaction.on_commit``, so it runs
+only once the outermost transaction has committed, and never after a rollback.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from django.db import DEFAULT_DB_ALIAS, transaction
+
+from delivery import outbox
+from delivery.contrib.django.connection import borrowed_session
+from delivery.contrib.nudge import installed, nudge_after_commit
+from delivery.models import Message
+from delivery.status import Status
+
+__all__ = ["enqueue"]
+
+
+def enqueue(
+    *,
+    channel: str,
+    to: str,
+    payload: dict[str, Any],
+    key: str | None = None,
+    provider: str | None = None,
+    on_unknown: str | None = None,
+    max_attempts: int | None = None,
+    send_at: Any = None,
+    using: str = DEFAULT_DB_ALIAS,
+) -> Message:
+    """Write one message in Django's current transaction on ``using`` and return it.
+
+    The arguments, the errors (``InvalidMessage`` naming the field, ``IdempotencyConflict``)
+    and the same-key-same-payload rule are those of ``delivery.enqueue``; the returned
+    ``delivery.Message`` is detached (the Django model is
+    ``delivery.contrib.django.models.Message``). Never commits.
+    """
+    with transaction.atomic(using=using), borrowed_session(using) as session:
+        message = outbox.enqueue(
+            session,
+            channel=channel,
+            to=to,
+            payload=payload,
+            key=key,
+            provider=provider,
+            on_unknown=on_unknown,
+            max_attempts=max_attempts,
+            send_at=send_at,
+        )
+        if message.status == Status.PENDING.value and installed():
+            # The nudge claims only rows that are pending and due, so nudging a message that
+            # already existed, or one scheduled for later, is a no-op.
+            transaction.on_commit(
+                functools.partial(nudge_after_commit, [message.id]), using=using, robust=True
+            )
+    return message

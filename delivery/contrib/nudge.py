@@ -1,0 +1,62 @@
+"""The post-commit nudge, as seen from the framework integrations.
+
+The Celery app ``tasks`` installs the nudge when it is imported (``delivery.outbox.set_nudge``):
+after the caller's commit it claims the new rows and publishes their tasks at once, so a
+message does not wait for the next beat tick (the beat relay remains the safety net). The
+integrations import ``tasks`` only when asked to (``DELIVERY_NUDGE``, true by default), never
+at import time, so ``delivery`` itself stays free of Celery.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import threading
+from collections.abc import Sequence
+
+from sqlalchemy import Engine
+
+from delivery import outbox
+from delivery.db import make_engine
+from delivery.runtime import get_settings
+
+__all__ = ["install_nudge", "installed", "nudge_after_commit"]
+
+log = logging.getLogger("delivery.contrib")
+_lock = threading.Lock()
+_engine: Engine | None = None
+
+
+def install_nudge() -> None:
+    """Import the Celery app ``tasks``, which installs the nudge and reads the settings
+    configured so far (configure them first)."""
+    importlib.import_module("tasks")
+
+
+def installed() -> bool:
+    """Whether a nudge is installed in this process."""
+    return outbox._nudge is not None
+
+
+def _outbox_engine() -> Engine:
+    """An engine of this process on the configured outbox, for the nudge's own transaction."""
+    global _engine
+    with _lock:
+        if _engine is None:
+            _engine = make_engine(get_settings().database_url)
+        return _engine
+
+
+def nudge_after_commit(ids: Sequence[int]) -> None:
+    """Run the installed nudge for ``ids`` (the caller's transaction has committed).
+
+    A failure is logged, never raised: the rows are committed and the beat relay will
+    publish them.
+    """
+    nudge = outbox._nudge
+    if nudge is None or not ids:
+        return
+    try:
+        nudge(_outbox_engine(), list(ids))
+    except Exception:
+        log.warning("post-commit nudge failed; the relay will publish the messages", exc_info=True)

@@ -1,0 +1,233 @@
+"""The deployment files: docker-compose.yml, deploy/Dockerfile, deploy/.env.example and
+deploy/delivery.toml. Docker does not run here: compose is validated by Debian's
+``docker-compose config -q`` and every command it runs is checked against our CLI and
+Celery's."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+import yaml
+
+from delivery.config import load_settings
+from tests.conftest import IN_CI
+
+ROOT = Path(__file__).resolve().parents[1]
+COMPOSE = ROOT / "docker-compose.yml"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+ENV_EXAMPLE = ROOT / "deploy" / ".env.example"
+SERVICES = {"postgres", "redis", "migrate", "worker", "beat", "flower", "stub", "app"}
+
+
+def compose() -> dict[str, Any]:
+    data = yaml.safe_load(COMPOSE.read_text())
+    assert isinstance(data, dict)
+    return data
+
+
+def env_example() -> dict[str, str]:
+    values = {}
+    for line in ENV_EXAMPLE.read_text().splitlines():
+        line = line.strip()
+        if line and not line.startswith("#"):
+            name, sep, value = line.partition("=")
+            assert sep, f"not NAME=value: {line!r}"
+            values[name] = value
+    return values
+
+
+def argv_of(value: str | list[str]) -> list[str]:
+    return shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
+
+
+def commands() -> list[tuple[str, list[str]]]:
+    """Every command the compose file runs: each service's command and health check."""
+    found = []
+    for name, service in compose()["services"].items():
+        if "command" in service:
+            found.append((name, argv_of(service["command"])))
+        test = service.get("healthcheck", {}).get("test")
+        if test:
+            kind, *rest = test
+            assert kind in ("CMD", "CMD-SHELL"), f"{name}: health check {kind}"
+            found.append((f"{name} healthcheck", rest if kind == "CMD" else shlex.split(rest[0])))
+    return found
+
+
+def check_delivery(argv: list[str]) -> None:
+    """Resolve ``delivery SUB...`` through click's command tree and parse the leaf's options."""
+    from delivery.cli import main
+
+    command: click.Command = main
+    ctx = click.Context(main, info_name="delivery")
+    args = argv[1:]
+    while isinstance(command, click.Group):
+        assert args, f"{argv}: {ctx.command_path} needs a subcommand"
+        name, *args = args
+        sub = command.get_command(ctx, name)
+        assert sub is not None, f"{argv}: no command {name!r} in {ctx.command_path}"
+        command = sub
+        ctx = click.Context(command, info_name=name, parent=ctx)
+    command.make_context(ctx.info_name, args, parent=ctx.parent)
+
+
+def check_celery(argv: list[str]) -> None:
+    """``celery -A tasks SUB ...``: the app is ours and SUB parses its options in Celery."""
+    from celery.bin.base import CLIContext
+    from celery.bin.celery import celery
+
+    import tasks
+
+    assert argv[1:3] == ["-A", "tasks"], f"{argv}: expected celery -A tasks"
+    assert tasks.app.main == "delivery"
+    name, *args = argv[3:]
+    sub = celery.commands.get(name)
+    assert sub is not None, f"{argv}: celery has no {name!r} command"
+    obj = CLIContext(app=tasks.app, no_color=True, workdir=None, quiet=True)
+    sub.make_context(name, args, parent=click.Context(celery, info_name="celery", obj=obj))
+    for arg in args:
+        if arg.startswith("--conf="):
+            assert (ROOT / arg.removeprefix("--conf=")).is_file(), f"{argv}: no {arg}"
+
+
+def check_python(argv: list[str]) -> None:
+    """``python -m MODULE`` runs a module of this repository; ``python -c`` is left alone."""
+    if argv[1] == "-m":
+        assert importlib.util.find_spec(argv[2]) is not None, f"{argv}: no module {argv[2]}"
+    else:
+        assert argv[1] == "-c", argv
+
+
+def test_compose_file_is_valid_for_docker_compose() -> None:
+    """``docker-compose config -q`` accepts docker-compose.yml with its default env file."""
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        message = "docker-compose is not installed (apt-get install docker-compose)"
+        if IN_CI:
+            pytest.fail(f"{message}; CI=true requires it")
+        pytest.skip(message)
+    env = {k: v for k, v in os.environ.items() if k != "DELIVERY_ENV_FILE"}
+    result = subprocess.run(
+        [binary, "-f", str(COMPOSE), "config", "-q"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_command_the_compose_file_runs_exists() -> None:
+    """Each service command and health check is a ``delivery`` command, a ``celery -A tasks``
+    subcommand, a module of this repository, or a tool of the image it runs in, and parses."""
+    images = {name: s.get("image", "") for name, s in compose()["services"].items()}
+    seen = set()
+    for where, argv in commands():
+        service = where.split()[0]
+        program = argv[0]
+        seen.add(program)
+        if program == "delivery":
+            check_delivery(argv)
+        elif program == "celery":
+            check_celery(argv)
+        elif program == "python":
+            check_python(argv)
+        elif program in ("pg_isready", "redis-cli", "redis-server"):
+            assert images[service].split(":")[0] in ("postgres", "redis"), where
+        else:
+            pytest.fail(f"{where}: unknown program {program!r}")
+    assert {"delivery", "celery", "python"} <= seen
+
+
+def test_command_check_rejects_what_does_not_exist() -> None:
+    """The checks above fail on a missing delivery command, a bad option or a missing
+    celery subcommand (so a typo in the compose file cannot pass)."""
+    with pytest.raises(AssertionError):
+        check_delivery(["delivery", "db", "upgrad"])
+    with pytest.raises(click.NoSuchOption):
+        check_delivery(["delivery", "stub-provider", "--hots", "0.0.0.0"])
+    with pytest.raises(click.BadParameter):
+        check_delivery(["delivery", "stub-provider", "--port", "99999"])
+    with pytest.raises(AssertionError):
+        check_celery(["celery", "-A", "tasks", "wroker"])
+    with pytest.raises(click.NoSuchOption):
+        check_celery(["celery", "-A", "tasks", "beat", "--replicas", "2"])
+
+
+def test_compose_shape_one_beat_migrate_first_health_checks_and_auth() -> None:
+    """All services exist; beat is one replica; the migration runs once before the app,
+    workers, beat and Flower; long-running services have health checks; Flower's credentials
+    and all settings come from the env file, never from the compose file."""
+    data = compose()
+    services = data["services"]
+    assert set(services) == SERVICES
+    assert services["migrate"]["command"] == ["delivery", "db", "upgrade"]
+    assert services["migrate"]["restart"] == "no"
+    assert services["beat"]["deploy"]["replicas"] == 1
+    assert "scale" not in services["beat"]
+    assert "container_name" not in services["worker"], "a fixed name prevents --scale"
+    for name in ("worker", "beat", "flower", "app"):
+        depends = services[name]["depends_on"]
+        assert depends["migrate"]["condition"] == "service_completed_successfully", name
+        assert depends["postgres"]["condition"] == "service_healthy", name
+    for name in SERVICES - {"migrate", "beat"}:
+        assert "healthcheck" in services[name], name
+    assert services["stub"]["command"] == [
+        "delivery", "stub-provider", "--host", "0.0.0.0", "--port", "9090"
+    ]  # fmt: skip
+    assert "FLOWER_BASIC_AUTH" in env_example()
+    text = COMPOSE.read_text()
+    assert "change-me" not in text and "password" not in text.lower()
+    for name, service in services.items():
+        if name not in ("postgres", "redis"):
+            assert service["env_file"] == "${DELIVERY_ENV_FILE:-deploy/.env.example}", name
+
+
+def test_env_example_and_toml_configure_the_compose_services() -> None:
+    """deploy/.env.example names every DELIVERY_* setting, and with it deploy/delivery.toml
+    loads into valid settings whose provider is the stub service on its port."""
+    env = env_example()
+    for name in ("DELIVERY_DATABASE_URL", "DELIVERY_BROKER_URL", "DELIVERY_REDIS_URL"):
+        assert env[name], name
+    assert env["DELIVERY_DATABASE_URL"].startswith("postgresql+psycopg://")
+    assert "@postgres:5432/" in env["DELIVERY_DATABASE_URL"]
+    assert env["DELIVERY_BROKER_URL"].startswith("redis://redis:6379/")
+    mounted = compose()["x-service"]["volumes"][0]
+    source, target, _ = mounted.split(":")
+    assert env["DELIVERY_CONFIG"] == target
+    settings = load_settings({**env, "DELIVERY_CONFIG": str(ROOT / source)})
+    assert settings.max_countdown == 300
+    assert {p.base_url for p in settings.providers.values()} == {"http://stub:9090"}
+    assert set(settings.channels) == {"sms", "email", "webhook"}
+
+
+def test_dockerfile_is_slim_non_root_and_bakes_no_secret() -> None:
+    """The image is python:3.11-slim, installs the package with pip, runs as a non-root user,
+    copies no .env file and sets no secret-looking variable."""
+    text = DOCKERFILE.read_text()
+    instructions = [
+        line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#")
+    ]
+    assert instructions[0] == "FROM python:3.11-slim"
+    assert re.search(r'pip install "?\.(\[[a-z,]+\])?"?', text)
+    users = [line.split()[1] for line in instructions if line.startswith("USER ")]
+    assert users and users[-1].split(":")[0] not in ("root", "0")
+    last_run = max(i for i, line in enumerate(instructions) if line.startswith("RUN "))
+    last_user = max(i for i, line in enumerate(instructions) if line.startswith("USER "))
+    assert last_user > last_run, "everything after USER runs unprivileged"
+    for line in instructions:
+        if line.startswith(("COPY", "ADD")):
+            assert ".env" not in line, line
+            assert line.split()[1] != ".", f"{line}: copy named paths only"
+        if line.startswith(("ENV", "ARG")):
+            assert not re.search(r"SECRET|PASSWORD|TOKEN|API_KEY|AUTH", line), line

@@ -1,0 +1,293 @@
+"""The Django integration over real PostgreSQL, worker, beat and stub: examples/django_app.
+
+Django is configured here, from the example's settings module (whose database is
+``DELIVERY_DATABASE_URL``, the suite's database as set by conftest), plus the test client's
+host. No pytest-django: the tests use the outbox database directly, as the worker does.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import django
+import pytest
+from django.conf import settings
+
+from examples.django_app import settings as example_settings
+
+if not settings.configured:
+    values = {name: getattr(example_settings, name) for name in dir(example_settings)}
+    values["ALLOWED_HOSTS"] = ["testserver"]
+    settings.configure(**{name: value for name, value in values.items() if name.isupper()})
+    django.setup()
+
+from django.apps import apps
+from django.contrib.auth.models import User
+from django.core.management import call_command
+from django.db import connection, transaction
+from django.test import Client, TestCase, override_settings
+from sqlalchemy import Engine, text
+
+import delivery
+from delivery.contrib.django import enqueue
+from delivery.contrib.django import models as django_models
+from delivery.contrib.django.connection import sqlalchemy_url
+from delivery.models import Attempt, Message
+from tests.conftest import PG_URL, drained
+
+pytestmark = pytest.mark.integration
+ADMIN = "/admin/delivery_outbox/message/"
+
+
+@pytest.fixture(scope="module")
+def django_db(pg_engine: Engine) -> Iterator[None]:
+    """Django's own tables (auth, sessions, admin) in the suite's database."""
+    call_command("migrate", interactive=False, verbosity=0)
+    yield
+    connection.close()
+
+
+@pytest.fixture
+def db(django_db: None, clean: Engine) -> Engine:
+    """An empty outbox, no users, and a clean stub."""
+    with clean.begin() as conn:
+        conn.execute(text("TRUNCATE auth_user CASCADE"))
+    return clean
+
+
+@pytest.fixture
+def admin_client(db: Engine) -> Client:
+    user = User.objects.create_superuser("ops", "ops@example.com", password=None)
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def keys(engine: Engine) -> list[str]:
+    with engine.connect() as conn:
+        return list(conn.scalars(text("SELECT key FROM delivery_messages ORDER BY id")))
+
+
+def status_of(engine: Engine, key: str) -> str:
+    with engine.connect() as conn:
+        return str(
+            conn.scalar(text("SELECT status FROM delivery_messages WHERE key = :k"), {"k": key})
+        )
+
+
+def family(kind: str) -> str:
+    """A column type family shared by Django's internal types and SQLAlchemy's types."""
+    return {
+        "BigAutoField": "bigint",
+        "BigInteger": "bigint",
+        "ForeignKey": "bigint",
+        "CharField": "string",
+        "String": "string",
+        "TextField": "text",
+        "Text": "text",
+        "IntegerField": "integer",
+        "Integer": "integer",
+        "BooleanField": "boolean",
+        "Boolean": "boolean",
+        "DateTimeField": "datetime",
+        "UTCDateTime": "datetime",
+        "FloatField": "float",
+        "Float": "float",
+        "JSONField": "json",
+        "JSON": "json",
+    }[kind]
+
+
+@pytest.mark.parametrize(
+    ("django_model", "table"),
+    [(django_models.Message, Message.__table__), (django_models.Attempt, Attempt.__table__)],
+)
+def test_unmanaged_models_match_the_sqlalchemy_columns(django_model: Any, table: Any) -> None:
+    """Every Django field has its SQLAlchemy column with the same type, length, nullability and
+    uniqueness, and the other way round; Django manages none of the tables."""
+    assert django_model._meta.managed is False
+    assert django_model._meta.db_table == table.name
+    fields = {}
+    for field in django_model._meta.concrete_fields:
+        kind = "ForeignKey" if field.is_relation else field.get_internal_type()
+        if isinstance(field, django_models.PayloadField):
+            kind = "JSONField"
+        fields[field.column] = (
+            family(kind),
+            getattr(field, "max_length", None) if kind == "CharField" else None,
+            field.null,
+            field.unique,
+        )
+    columns = {}
+    for column in table.columns:
+        kind = type(column.type).__name__
+        if kind == "BigInteger":  # BigInteger with an SQLite variant
+            kind = "BigInteger"
+        columns[column.name] = (
+            family(kind),
+            column.type.length if kind == "String" else None,
+            column.nullable and not column.primary_key,
+            bool(column.unique) or column.primary_key,
+        )
+    assert fields == columns
+
+
+def test_models_read_the_tables_delivery_db_upgrade_created(db: Engine) -> None:
+    """The tables the Alembic migration created have exactly the models' columns, and a message
+    enqueued through SQLAlchemy reads back through the Django model with its payload."""
+    with connection.cursor() as cursor:
+        for model in (django_models.Message, django_models.Attempt):
+            described = connection.introspection.get_table_description(cursor, model._meta.db_table)
+            assert {c.name for c in described} == {f.column for f in model._meta.concrete_fields}
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with transaction.atomic():
+        enqueue(channel="sms", to="+12015550100", payload={"body": "hi"}, key="rb", send_at=later)
+    message = django_models.Message.objects.get(key="rb")
+    assert (message.status, message.payload, message.attempts) == ("pending", {"body": "hi"}, 0)
+    assert message.next_attempt_at == later
+
+
+def test_commit_runs_the_nudge_at_once(db: Engine) -> None:
+    """Right after the outermost commit the message is no longer pending: the on_commit nudge
+    claimed and published it, without waiting for the beat relay."""
+    with transaction.atomic():
+        message = enqueue(channel="sms", to="+12015550106", payload={"body": "now"})
+        assert status_of(db, message.key) == "None"  # not visible outside the transaction
+    assert status_of(db, message.key) != "pending"
+
+
+def test_app_reads_django_settings_then_environment_then_databases(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """DELIVERY_* Django settings win over the environment, and without DELIVERY_DATABASE_URL
+    the outbox is DATABASES["default"] as a SQLAlchemy URL."""
+    assert sqlalchemy_url("default") == PG_URL
+    monkeypatch.delenv("DELIVERY_DATABASE_URL")
+    monkeypatch.setenv("DELIVERY_HOME", "/from-environment")
+    before = delivery.get_settings()
+    try:
+        with override_settings(DELIVERY_HOME="/from-django-settings"):
+            apps.get_app_config("delivery_outbox").ready()
+        settings = delivery.get_settings()
+        assert settings.database_url == PG_URL
+        assert settings.home == "/from-django-settings"
+        assert settings.broker_url == before.broker_url
+    finally:
+        delivery.configure(before)
+
+
+def test_migration_state_matches_the_models(django_db: None) -> None:
+    """The shipped state-only migration agrees with the models (makemigrations has nothing)."""
+    call_command("makemigrations", "delivery_outbox", check=True, dry_run=True, verbosity=0)
+
+
+def test_rollback_leaves_no_message_and_savepoint_rollback_only_its_own(db: Engine) -> None:
+    """enqueue writes in Django's transaction: a rolled-back atomic block leaves no row, and a
+    rolled-back inner block drops only its message while the outer one commits."""
+    with pytest.raises(RuntimeError), transaction.atomic():
+        enqueue(channel="sms", to="+12015550101", payload={"body": "x"}, key="rolled-back")
+        assert django_models.Message.objects.filter(key="rolled-back").exists()
+        raise RuntimeError("the view failed after enqueue")
+    assert keys(db) == []
+
+    with transaction.atomic():
+        enqueue(channel="sms", to="+12015550102", payload={"body": "x"}, key="outer")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            enqueue(channel="sms", to="+12015550103", payload={"body": "x"}, key="inner")
+            raise RuntimeError("inner block failed")
+    assert keys(db) == ["outer"]
+
+
+def test_enqueue_registers_the_nudge_with_on_commit_and_keeps_enqueue_rules(db: Engine) -> None:
+    """A new message registers one on_commit callback (the nudge); the same key and payload
+    returns the same message; another payload raises IdempotencyConflict; bad input raises
+    InvalidMessage naming the field, and the transaction stays usable."""
+    with transaction.atomic():
+        with TestCase.captureOnCommitCallbacks() as callbacks:
+            first = enqueue(channel="sms", to="+12015550104", payload={"body": "a"}, key="k1")
+        assert len(callbacks) == 1
+        again = enqueue(channel="sms", to="+12015550104", payload={"body": "a"}, key="k1")
+        assert again.id == first.id
+        with pytest.raises(delivery.IdempotencyConflict):
+            enqueue(channel="sms", to="+12015550104", payload={"body": "b"}, key="k1")
+        with pytest.raises(delivery.InvalidMessage) as error:
+            enqueue(channel="sms", to="12345", payload={"body": "a"})
+        assert error.value.field == "to"
+        assert User.objects.count() == 0  # the connection still works
+        transaction.set_rollback(True)
+    assert keys(db) == []
+
+
+def test_view_with_bad_recipient_rolls_back_the_user(db: Engine) -> None:
+    """The example view answers 400 naming field "to" and keeps neither user nor message."""
+    response = Client().post(
+        "/signup/", data=json.dumps({"email": "nope"}), content_type="application/json"
+    )
+    assert response.status_code == 400
+    assert response.json()["field"] == "to"
+    assert User.objects.count() == 0
+    assert keys(db) == []
+
+
+def test_view_commits_user_and_message_and_a_real_worker_delivers_it(
+    db: Engine, live: Engine, stub
+) -> None:  # type: ignore[no-untyped-def]
+    """POST /signup/ commits the user and the welcome email; the worker sends it once."""
+    response = Client().post(
+        "/signup/", data=json.dumps({"email": "ann@example.com"}), content_type="application/json"
+    )
+    assert response.status_code == 201, response.content
+    key = response.json()["message_key"]
+    assert key == f"signup-{response.json()['id']}:welcome"
+    assert User.objects.filter(email="ann@example.com").exists()
+    assert drained(live, 1, timeout=30) == {"sent": 1}
+    assert stub.effects() == {key: 1}
+
+
+def test_admin_filters_by_status_and_redrive_sends_a_dead_message(
+    admin_client: Client, live: Engine, stub
+) -> None:  # type: ignore[no-untyped-def]
+    """The admin lists dead messages under the status filter, masks recipients, and its
+    redrive action puts a dead message back to pending with the same key: it is then sent."""
+    stub.set_faults(rules={"bounce@example.com": {"status": 400, "json": {"code": "REJECTED"}}})
+    with transaction.atomic():
+        dead = enqueue(channel="email", to="bounce@example.com", payload={"text": "a"}).key
+        sent = enqueue(channel="email", to="fine@example.com", payload={"text": "b"}).key
+    assert drained(live, 2, timeout=30) == {"dead": 1, "sent": 1}
+
+    page = admin_client.get(ADMIN, {"status__exact": "dead"}).content.decode()
+    assert dead in page and sent not in page
+    assert "bounce@example.com" not in page and "b*****@example.com" in page
+    detail = admin_client.get(f"{ADMIN}{django_models.Message.objects.get(key=dead).pk}/change/")
+    assert detail.status_code == 200 and "bounce@example.com" not in detail.content.decode()
+
+    stub.set_faults(rules={})
+    ids = list(django_models.Message.objects.values_list("pk", flat=True))
+    response = admin_client.post(
+        ADMIN, {"action": "redrive", "_selected_action": ids, "index": 0}, follow=True
+    )
+    page = response.content.decode()
+    assert "Redrove 1 message(s)." in page
+    assert f"Not redriven {sent}" in page
+    assert drained(live, 2, timeout=30) == {"sent": 2}
+    assert stub.effects() == {dead: 1, sent: 1}
+    attempts = django_models.Attempt.objects.filter(message__key=dead)
+    assert [a.outcome for a in attempts] == ["permanent", "delivered"]
+
+
+def test_admin_cancel_cancels_pending_only(admin_client: Client, db: Engine) -> None:
+    """The cancel action moves a pending message to cancelled and refuses one that is not
+    pending any more."""
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with transaction.atomic():
+        message = enqueue(channel="sms", to="+12015550105", payload={"body": "x"}, send_at=later)
+    data = {"action": "cancel", "_selected_action": [message.id], "index": 0}
+    page = admin_client.post(ADMIN, data, follow=True).content.decode()
+    assert "Cancelled 1 message(s)." in page
+    assert status_of(db, message.key) == "cancelled"
+    page = admin_client.post(ADMIN, data, follow=True).content.decode()
+    assert f"Not cancelled {message.key}: message is already cancelled" in page
+    assert status_of(db, message.key) == "cancelled"
