@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery import Task
 
@@ -14,6 +15,8 @@ from delivery.sender import deliver as deliver_once
 from tasks.app import QUEUE, app, service
 
 __all__ = ["DeadLettered", "deliver", "publish"]
+
+_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
 class DeadLettered(Exception):
@@ -28,22 +31,80 @@ def deliver(self: Task, message_id: int, key: str) -> str:
     if result.action == "retry" and result.delay is not None:
         raise self.retry(countdown=result.delay, max_retries=None)
     if result.action == "done" and result.status in ("dead", "unknown"):
+        where = (
+            "in the dead-letter status (dead)"
+            if result.status == "dead"
+            else "parked as unknown for review (it may have been delivered)"
+        )
         raise DeadLettered(
-            f"{result.code}: {result.reason} -> message {message_id} is in the "
-            f"{result.status} status (delivery show {key!r}; delivery redrive to retry)"
+            f"{result.code}: {result.reason} -> message {message_id} is {where}; "
+            f"delivery show {key!r}, delivery redrive to send it again"
         )
     return result.status or result.action
 
 
-def publish(claims: Sequence[Claim]) -> None:
-    """Publish one deliver task per claimed row on one held producer connection.
+class _Template(NamedTuple):
+    """What every deliver message shares, built once per process by Celery itself."""
 
-    The task id is the message key, so Flower finds a message by its key."""
+    headers: dict[str, Any]
+    options: dict[str, Any]
+    queue: Any
+
+
+_template: _Template | None = None
+
+
+def _message_template() -> _Template:
+    global _template
+    if _template is None:
+        # Celery's own protocol-2 builder, so that the messages match what apply_async sends.
+        message = app.amqp.as_task_v2(
+            "-", deliver.name, (0, "-"), {}, ignore_result=deliver.ignore_result
+        )
+        queue = app.amqp.queues[QUEUE]
+        options = dict(
+            exchange="",  # the default exchange: routing key = queue, no binding lookup
+            routing_key=queue.name,
+            delivery_mode=queue.exchange.delivery_mode or app.conf.task_default_delivery_mode,
+            serializer=app.conf.task_serializer,
+            compression=app.conf.task_compression,
+            retry=False,
+            reply_to=app.thread_oid,  # as apply_async sets it (unused: results are ignored)
+        )
+        _template = _Template(dict(message.headers), options, queue)
+    return _template
+
+
+def publish(claims: Sequence[Claim]) -> None:
+    """Publish one ``delivery.deliver`` task per claimed row: args ``(id, key)``, task id =
+    key (Flower finds a message by its key).
+
+    Fast path for the relay and the nudge: one held producer connection, Celery protocol-2
+    messages built from a per-process template (no ``apply_async`` per row), sent to the
+    default exchange with routing key ``delivery`` and, where kombu can (``Producer.batch``,
+    kombu >= 5.7 on Redis), buffered into one pipeline per call. No ``task-sent`` events or
+    publish signals are sent; the worker's events show the task in Flower. A failure raises,
+    and the relay puts the rows back to ``pending``."""
+    if not claims:
+        return
+    template = _message_template()
+    headers, options = template.headers, template.options
     with app.producer_or_acquire() as producer:
-        for claim in claims:
-            deliver.apply_async(
-                (claim.id, claim.key), task_id=claim.key, producer=producer, queue=QUEUE
-            )
+        producer.maybe_declare(template.queue)
+        batch = getattr(producer, "batch", None)
+        with batch(max_size=max(len(claims), 1)) if batch else contextlib.nullcontext():
+            for message_id, key in claims:
+                producer.publish(
+                    ((message_id, key), {}, _EMBED),
+                    headers={
+                        **headers,
+                        "id": key,
+                        "root_id": key,
+                        "argsrepr": repr((message_id, key)),
+                    },
+                    correlation_id=key,
+                    **options,
+                )
 
 
 def _nudge(engine: Any, ids: list[int]) -> None:

@@ -184,10 +184,11 @@ def pipeline(pg_engine: Engine, broker_ready: None, stub):  # type: ignore[no-un
 
 
 @pytest.fixture
-def clean(pg_engine: Engine, stub) -> Engine:  # type: ignore[no-untyped-def]
-    """Empty outbox and a stub with no faults and no effects."""
+def clean(pg_engine: Engine, stub, redis_client) -> Engine:  # type: ignore[no-untyped-def]
+    """Empty outbox, closed breakers (shared state flushed) and a stub with no faults."""
     with pg_engine.begin() as conn:
         conn.execute(text("TRUNCATE delivery_attempts, delivery_messages"))
+    redis_client.flushdb()
     stub.reset()
     return pg_engine
 

@@ -75,7 +75,8 @@ def reload(session: Session, key: str) -> Message:
 
 
 def test_stats_json_counts_every_status(session: Session) -> None:
-    """``stats --json`` prints one line with all seven statuses, zeros included."""
+    """``stats --json`` prints one line with all seven statuses, zeros included, and nothing
+    else: scripts rely on this shape (``--by-provider`` adds keys, see test_ops_cli)."""
     for i in range(3):
         add(session, f"d{i}", "dead")
     add(session, "s0", "sent")

@@ -1,0 +1,86 @@
+"""Worker metrics: the transition and breaker hooks feed ``delivery.metrics.WorkerMetrics``.
+
+Importing ``tasks`` registers the hooks in every process (they only count). A worker serves
+``/metrics`` when ``DELIVERY_METRICS_PORT`` is set (address ``DELIVERY_METRICS_ADDR``,
+default ``127.0.0.1``), read when the worker starts:
+
+- threads or solo pool: the worker's own registry;
+- prefork: set ``PROMETHEUS_MULTIPROC_DIR`` to an empty folder writable by the worker, the
+  same for the parent and its children; the parent serves the sum of every child's files,
+  and a child's files are marked dead when it exits. Wipe the folder when the worker
+  (re)starts, e.g. in the container's entrypoint.
+
+The relay batch size is observed from the ``delivery.relay`` task's return value.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from typing import Any
+
+from celery.signals import task_postrun, worker_init, worker_process_shutdown
+from prometheus_client import CollectorRegistry, multiprocess, start_http_server
+from sqlalchemy import Engine
+
+from delivery.breaker import add_breaker_hook
+from delivery.db import make_engine
+from delivery.events import add_hook
+from delivery.metrics import WorkerMetrics, created_at_reader, multiprocess_registry
+from delivery.runtime import get_settings
+
+__all__ = ["metrics", "registry"]
+
+log = logging.getLogger("tasks.metrics")
+
+registry = CollectorRegistry()
+"""This process's worker metrics (served as is unless ``PROMETHEUS_MULTIPROC_DIR`` is set)."""
+
+_lock = threading.Lock()
+_lookup: tuple[int, Engine] | None = None
+
+
+def _lookup_engine() -> Engine:
+    """A one-connection engine of this process for ``created_at`` lookups: it never competes
+    with the sender's pool, and a forked child builds its own."""
+    global _lookup
+    with _lock:
+        if _lookup is None or _lookup[0] != os.getpid():
+            url = get_settings().database_url
+            engine = make_engine(url, pool_size=1, max_overflow=0, pool_timeout=5)
+            _lookup = (os.getpid(), engine)
+        return _lookup[1]
+
+
+def _created_at(message_id: int) -> Any:
+    return created_at_reader(_lookup_engine())(message_id)
+
+
+metrics = WorkerMetrics(registry, created_at=_created_at)
+add_hook(metrics.observe_transition)
+add_breaker_hook(metrics.observe_breaker)
+
+
+@task_postrun.connect  # type: ignore[untyped-decorator]
+def _relay_ran(sender: Any = None, retval: Any = None, **_: Any) -> None:
+    if getattr(sender, "name", None) == "delivery.relay" and isinstance(retval, int):
+        metrics.observe_relay(retval)
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _serve(**_: Any) -> None:
+    """Serve /metrics from the worker's main process when DELIVERY_METRICS_PORT is set."""
+    port = os.environ.get("DELIVERY_METRICS_PORT")
+    if not port:
+        return
+    addr = os.environ.get("DELIVERY_METRICS_ADDR", "127.0.0.1")
+    served = multiprocess_registry() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else registry
+    start_http_server(int(port), addr=addr, registry=served)
+    log.info("serving worker metrics on http://%s:%s/metrics", addr, port)
+
+
+@worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+def _child_exits(pid: int | None = None, **_: Any) -> None:
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(pid or os.getpid())  # type: ignore[no-untyped-call]
