@@ -14,7 +14,7 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import Connection, Engine, and_, select, update
+from sqlalchemy import Connection, Engine, Select, and_, select, update
 
 from delivery.models import messages_table, utcnow
 from delivery.status import Status
@@ -34,6 +34,22 @@ class Claim(NamedTuple):
 Publisher = Callable[[Sequence[Claim]], None]
 
 
+def _due(limit: int, ids: Sequence[int] | None, now: dt.datetime) -> Select[tuple[int]]:
+    """Ids of due pending rows that no other transaction holds, oldest due first."""
+    due = and_(
+        messages_table.c.status == Status.PENDING.value, messages_table.c.next_attempt_at <= now
+    )
+    if ids is not None:
+        due = and_(due, messages_table.c.id.in_(ids))
+    return (
+        select(messages_table.c.id)
+        .where(due)
+        .order_by(messages_table.c.next_attempt_at)
+        .limit(limit)
+        .with_for_update(skip_locked=True)
+    )
+
+
 def claim(
     connection: Connection,
     *,
@@ -44,18 +60,7 @@ def claim(
 ) -> list[Claim]:
     """Mark up to ``limit`` due pending rows (optionally only ``ids``) dispatched; return them."""
     now = now or utcnow()
-    due = and_(
-        messages_table.c.status == Status.PENDING.value, messages_table.c.next_attempt_at <= now
-    )
-    if ids is not None:
-        due = and_(due, messages_table.c.id.in_(ids))
-    picked = (
-        select(messages_table.c.id)
-        .where(due)
-        .order_by(messages_table.c.next_attempt_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
+    picked = _due(limit, ids, now)
     stmt = (
         update(messages_table)
         .where(messages_table.c.id.in_(picked.scalar_subquery()))
@@ -99,8 +104,14 @@ def relay_once(
     for _ in range(max_batches):
         with engine.begin() as connection:
             claims = claim(connection, limit=batch, lease=lease, ids=ids)
-        if not claims:
+            # Under READ COMMITTED a claim can come back short, even empty, when the rows it
+            # picked were claimed by another relay meanwhile: stop only when no due row is
+            # left that nobody holds.
+            left = bool(claims) or connection.execute(_due(1, ids, utcnow())).first() is not None
+        if not left:
             break
+        if not claims:
+            continue
         try:
             publish(claims)
         except Exception:
@@ -108,7 +119,6 @@ def relay_once(
                 release(connection, claims)
             raise
         total += len(claims)
-        # A short batch does not mean the end: another relay may hold rows we skipped.
     if total:
         log.debug("relay published %d messages", total)
     return total
