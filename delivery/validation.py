@@ -42,6 +42,15 @@ def check_key(key: Any) -> str:
         raise InvalidMessage("key", f"is {len(key)} characters; the limit is {MAX_KEY_LENGTH}")
     if "\x00" in key:
         raise InvalidMessage("key", "must not contain NUL characters")
+    # The key goes out as an HTTP header (Idempotency-Key) on every attempt: a character a
+    # header cannot carry would make every attempt fail, so refuse it before anything is written.
+    bad = next((ch for ch in key if not " " <= ch <= "~"), None)
+    if bad is not None:
+        raise InvalidMessage(
+            "key", f"contains {bad!r}: keys are sent as an HTTP header, so printable ASCII only"
+        )
+    if key[0] == " " or key[-1] == " ":
+        raise InvalidMessage("key", "must not start or end with a space (HTTP would drop it)")
     return key
 
 

@@ -1,4 +1,8 @@
-"""What a provider adapter is: ``send`` and ``lookup`` returning outcome values."""
+"""What a provider adapter is: ``send`` and ``lookup`` returning outcome values.
+
+An adapter class is called with its ``ProviderConfig``; what it may declare besides (its own
+config keys, its default unknown policy, ...) is listed in ``delivery.providers``.
+"""
 
 from __future__ import annotations
 
