@@ -34,9 +34,11 @@ Fault knobs (all off by default; ``PUT /_stub/faults`` merges a partial dict, to
 
 Control API: ``GET|PUT /_stub/faults`` (unknown or invalid field -> 400 naming it),
 ``POST /_stub/reset``, ``GET /_stub/effects`` -> ``{"effects": {key: n}, "total": n}``,
-``GET /_stub/requests`` -> ``{"requests": [{"key", "to", "at", "status", "outcome"}]}`` in
-arrival order (outcome is effect, replay, error, dropped or rejected; a dropped request logs the
-status it would have had; payloads are never logged), ``GET /_stub/health`` -> ``{"ok": true}``.
+``GET /_stub/requests`` -> ``{"requests": [{"key", "to", "at", "status", "outcome", "auth"}]}``
+in arrival order (outcome is effect, replay, error, dropped or rejected; a dropped request logs
+the status it would have had; ``auth`` is the sha256 hex of the Authorization header, or null
+when there was none; payloads and secrets are never logged),
+``GET /_stub/health`` -> ``{"ok": true}``.
 
 Run it with ``python -m delivery.stub_provider --port 9090`` or in-process with
 ``with StubServer().start() as stub: ...``.
@@ -276,8 +278,10 @@ class _State:
             self.seq += 1
             return self.seq
 
-    def record(self, seq: int, key: str, to: object, at: float, status: int, outcome: str) -> None:
-        entry = {"key": key, "to": to, "at": at, "status": status, "outcome": outcome}
+    def record(
+        self, seq: int, key: str, to: object, at: float, status: int, outcome: str, auth: str | None
+    ) -> None:
+        entry = {"key": key, "to": to, "at": at, "status": status, "outcome": outcome, "auth": auth}
         with self.lock:
             self.log.append((seq, entry))
 
@@ -442,6 +446,8 @@ class _Handler(BaseHTTPRequestHandler):
         state = self._srv.state
         seq = state.next_seq()
         key = self.headers.get("Idempotency-Key") or ""
+        authorization = self.headers.get("Authorization")
+        auth = None if authorization is None else hashlib.sha256(authorization.encode()).hexdigest()
         raw = self._read_body()
         to: object = None
         if raw is not None:
@@ -456,7 +462,7 @@ class _Handler(BaseHTTPRequestHandler):
                 answer = _error(400, "INVALID_REQUEST", "unreadable request body")
             else:
                 answer = _error(400, "INVALID_REQUEST", "body must be a JSON object with 'to'")
-            state.record(seq, key, to, at, 400, "rejected")
+            state.record(seq, key, to, at, 400, "rejected", auth)
             self._send(answer)
             return
         assert raw is not None
@@ -480,7 +486,7 @@ class _Handler(BaseHTTPRequestHandler):
                     early = (_error(422, "IDEMPOTENCY_KEY_REUSED", message), "rejected")
         if early is not None:
             answer, outcome = early
-            state.record(seq, key, to, at, answer.status, outcome)
+            state.record(seq, key, to, at, answer.status, outcome, auth)
             self._send(answer)
             return
 
@@ -493,7 +499,7 @@ class _Handler(BaseHTTPRequestHandler):
                     state.in_flight.discard(key)
             raise
         answer, outcome = self._process(state, key, to, digest, claimed)
-        state.record(seq, key, to, at, answer.status, outcome)
+        state.record(seq, key, to, at, answer.status, outcome, auth)
         if outcome == "dropped":
             self.close_connection = True
             return
