@@ -14,7 +14,17 @@ import logging
 from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
-from sqlalchemy import Connection, Engine, Select, and_, select, update
+from sqlalchemy import (
+    Connection,
+    Engine,
+    Select,
+    and_,
+    any_,
+    func,
+    literal,
+    select,
+    update,
+)
 
 from delivery.models import messages_table, utcnow
 from delivery.status import Status
@@ -36,9 +46,10 @@ Publisher = Callable[[Sequence[Claim]], None]
 
 def _due(limit: int, ids: Sequence[int] | None, now: dt.datetime) -> Select[tuple[int]]:
     """Ids of due pending rows that no other transaction holds, oldest due first."""
-    due = and_(
-        messages_table.c.status == Status.PENDING.value, messages_table.c.next_attempt_at <= now
-    )
+    # The status is rendered as a literal, so that every plan (a prepared statement's generic
+    # plan too) can prove the partial index ix_delivery_messages_due applies.
+    pending = literal(Status.PENDING.value, literal_execute=True)
+    due = and_(messages_table.c.status == pending, messages_table.c.next_attempt_at <= now)
     if ids is not None:
         due = and_(due, messages_table.c.id.in_(ids))
     return (
@@ -60,10 +71,17 @@ def claim(
 ) -> list[Claim]:
     """Mark up to ``limit`` due pending rows (optionally only ``ids``) dispatched; return them."""
     now = now or utcnow()
-    picked = _due(limit, ids, now)
+    picked = _due(limit, ids, now).scalar_subquery()
+    if connection.dialect.name == "postgresql":
+        # ``= ANY(ARRAY(...))``: the picked ids are read first, then updated by primary key,
+        # so a batch costs the same however many rows are pending (``IN (...)`` plans a hash
+        # join over every pending row).
+        chosen = messages_table.c.id == any_(func.array(picked))
+    else:
+        chosen = messages_table.c.id.in_(picked)
     stmt = (
         update(messages_table)
-        .where(messages_table.c.id.in_(picked.scalar_subquery()))
+        .where(chosen)
         .where(messages_table.c.status == Status.PENDING.value)
         .values(
             status=Status.DISPATCHED.value,
@@ -95,19 +113,24 @@ def relay_once(
     lease: float,
     ids: Sequence[int] | None = None,
     max_batches: int = 100,
+    now: dt.datetime | None = None,
 ) -> int:
     """Claim and publish due rows in batches until none are left; return how many.
 
-    Each batch is claimed and committed in its own transaction, then published.
+    Each batch is claimed and committed in its own transaction, then published. ``now``
+    (default: the clock at each batch) decides what is due.
     """
     total = 0
     for _ in range(max_batches):
         with engine.begin() as connection:
-            claims = claim(connection, limit=batch, lease=lease, ids=ids)
+            claims = claim(connection, limit=batch, lease=lease, ids=ids, now=now)
             # Under READ COMMITTED a claim can come back short, even empty, when the rows it
             # picked were claimed by another relay meanwhile: stop only when no due row is
             # left that nobody holds.
-            left = bool(claims) or connection.execute(_due(1, ids, utcnow())).first() is not None
+            left = (
+                bool(claims)
+                or connection.execute(_due(1, ids, now or utcnow())).first() is not None
+            )
         if not left:
             break
         if not claims:

@@ -1,4 +1,9 @@
-"""The relay's claim on real PostgreSQL: concurrency, leases, and the sweeper."""
+"""The relay's claim on real PostgreSQL: concurrency, leases, and the sweeper.
+
+A session-wide pipeline (worker, beat) may be running while these tests do: every row here is
+due an hour from now and the functions are called with ``now`` two hours ahead, so the live
+relay and sweeper never touch them.
+"""
 
 from __future__ import annotations
 
@@ -17,8 +22,16 @@ from delivery.sweeper import sweep
 pytestmark = pytest.mark.integration
 
 
+LATER = dt.timedelta(hours=1)
+
+
+def future() -> dt.datetime:
+    """The clock the tests run the relay and sweeper at."""
+    return utcnow() + 2 * LATER
+
+
 def add_due(engine: Engine, n: int, **overrides: object) -> None:
-    now = utcnow()
+    now = utcnow() + LATER
     rows = [
         dict(
             key=f"due-{i}",
@@ -56,7 +69,7 @@ def test_two_relays_publish_each_row_once(clean: Engine) -> None:
 
     def run() -> None:
         start.wait()
-        relay_once(clean, publish, batch=50, lease=30)
+        relay_once(clean, publish, batch=50, lease=30, now=future())
 
     threads = [threading.Thread(target=run) for _ in range(2)]
     for t in threads:
@@ -78,31 +91,28 @@ def test_failed_publish_returns_rows_to_pending(clean: Engine) -> None:
         raise ConnectionError("broker down")
 
     with pytest.raises(ConnectionError):
-        relay_once(clean, broken, batch=100, lease=30)
+        relay_once(clean, broken, batch=100, lease=30, now=future())
     with clean.connect() as conn:
         assert set(conn.scalars(select(messages_table.c.status))) == {"pending"}
 
 
 def test_future_rows_are_not_claimed(clean: Engine) -> None:
     """A row scheduled in the future stays pending until it is due."""
-    add_due(
-        clean,
-        3,
-    )
+    add_due(clean, 3)
     with clean.begin() as conn:
         conn.execute(
             update(messages_table)
             .where(messages_table.c.key == "due-0")
-            .values(next_attempt_at=utcnow() + dt.timedelta(hours=1))
+            .values(next_attempt_at=utcnow() + 3 * LATER)
         )
     claimed: list[Claim] = []
-    relay_once(clean, claimed.extend, batch=10, lease=30)
+    relay_once(clean, claimed.extend, batch=10, lease=30, now=future())
     assert sorted(c.key for c in claimed) == ["due-1", "due-2"]
 
 
 def test_sweeper_recovers_expired_leases_by_policy(clean: Engine) -> None:
     """Expired dispatched rows return to pending; expired sending rows follow their policy."""
-    past = utcnow() - dt.timedelta(seconds=5)
+    past = utcnow() + LATER  # expired at future(), not yet for the live sweeper
     add_due(clean, 5)
     with clean.begin() as conn:
 
@@ -118,7 +128,7 @@ def test_sweeper_recovers_expired_leases_by_policy(clean: Engine) -> None:
         set_row("due-2", status="sending", attempts=1, on_unknown="lookup")
         set_row("due-3", status="sending", attempts=1, on_unknown="give_up")
         set_row("due-4", status="sending", attempts=3, on_unknown="retry")
-    report = sweep(clean)
+    report = sweep(clean, now=future())
     assert (report.requeued, report.recovered, report.unknown) == (1, 2, 2)
     with clean.connect() as conn:
         rows = {
