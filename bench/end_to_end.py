@@ -1,0 +1,228 @@
+"""End to end: 5,000 messages from the app's committed transactions to the provider's accept,
+through ``delivery`` (outbox, post-commit nudge, relay on beat, worker) and through Celery
+alone (``apply_async`` after the commit, a task that POSTs with httpx), with the same worker
+pool and concurrency, in the same run. Both the prefork and the threads pool.
+
+Each message is its own app transaction that inserts one business row (``bench_orders``):
+``delivery`` enqueues inside it; Celery alone calls ``apply_async`` after it commits. The
+clock runs from the first transaction to the stub's last accept (its request log); delivered
+per second = messages / that time. Every run starts new workers on an empty outbox and broker,
+after a 100-message warm-up, and checks that every key took effect exactly once.
+
+    python -m bench.end_to_end [--messages 5000] [--pools prefork:4,threads:8] [--matched]
+
+``--matched`` adds a third path: Celery alone with the settings ``tasks.app`` uses (late acks,
+task events, sent events, track started), to separate their cost from the outbox's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+import tasks  # noqa: F401  (installs the post-commit nudge in this process)
+from bench import celery_alone
+from bench.common import (
+    PG_URL,
+    CpuMeter,
+    Order,
+    Processes,
+    children,
+    database_backends,
+    flush_redis,
+    fresh_database,
+    log,
+    report,
+    row,
+    session,
+    truncate,
+    wait_until,
+)
+from delivery import enqueue
+from delivery.db import make_engine
+from delivery.models import Message
+
+
+def to(i: int) -> str:
+    return f"+1201555{i % 10000:04d}"
+
+
+def produce_delivery(engine: Any, n: int, prefix: str, per_tx: int = 1) -> None:
+    for first in range(0, n, per_tx):
+        with Session(engine) as s, s.begin():
+            for i in range(first, min(first + per_tx, n)):
+                s.add(Order(ref=f"{prefix}-{i}", amount=i))
+                enqueue(
+                    s, channel="sms", to=to(i), payload={"body": f"code {i}"}, key=f"{prefix}-{i}"
+                )
+
+
+def produce_alone(engine: Any, n: int, prefix: str, per_tx: int = 1) -> None:
+    for first in range(0, n, per_tx):
+        with Session(engine) as s, s.begin():
+            orders = [
+                Order(ref=f"{prefix}-{i}", amount=i) for i in range(first, min(first + per_tx, n))
+            ]
+            s.add_all(orders)
+            s.flush()
+            ids = [order.id for order in orders]
+        for i, order_id in zip(range(first, first + len(ids)), ids, strict=True):
+            celery_alone.send.apply_async((order_id, to(i), {"body": f"code {i}"}, f"{prefix}-{i}"))
+
+
+def effects_total(stub: Any) -> int:
+    return int(stub._http.get("/_stub/effects").json()["total"])
+
+
+def one_run(
+    engine: Any,
+    procs: Processes,
+    stub: Any,
+    stub_pid: int,
+    *,
+    path: str,
+    pool: str,
+    concurrency: int,
+    messages: int,
+    per_tx: int,
+) -> dict[str, Any]:
+    truncate(engine)
+    flush_redis()
+    stub.reset()
+    monitor = make_engine(PG_URL, pool_size=1, max_overflow=0)
+    produce: Callable[[Any, int, str, int], None]
+    started = []
+    if path == "delivery":
+        started.append(procs.worker("tasks", pool=pool, concurrency=concurrency, name="e2e"))
+        started.append(procs.beat())
+        produce = produce_delivery
+    else:
+        matched = path == "alone_matched"
+        env = {"BENCH_ALONE_MATCHED": "1" if matched else "0"}
+        celery_alone.app.conf.task_send_sent_event = matched
+        started.append(
+            procs.worker(
+                "bench.celery_alone", pool=pool, concurrency=concurrency, name="e2e", env=env
+            )
+        )
+        produce = produce_alone
+    try:
+        produce(engine, 100, "warm", per_tx)
+        wait_until(lambda: effects_total(stub) >= 100, 60, 0.1, "warm-up")
+        truncate(engine)
+        stub.reset()
+        time.sleep(0.5)
+
+        worker = started[0]
+        meter = CpuMeter(
+            {
+                "worker": lambda: [worker.pid, *children(worker.pid)],
+                "app": lambda: [os.getpid()],
+                "postgres": lambda: database_backends(monitor),
+                "stub": lambda: [stub_pid],
+                "beat": lambda: [p.pid for p in started[1:]],
+            }
+        )
+        meter.start()
+        t0 = time.time()
+        produce(engine, messages, "m", per_tx)
+        produced = time.time() - t0
+        wait_until(lambda: effects_total(stub) >= messages, 600, 0.5, f"{messages} effects")
+        cpu = meter.stop()
+        accepts = [r["at"] for r in stub.requests() if r["outcome"] == "effect"]
+        effects = stub.effects()
+        assert len(effects) == messages and set(effects.values()) == {1}, "not once per key"
+        if path == "delivery":
+            with Session(engine) as s:
+                sent = s.scalar(select(func.count()).where(Message.status == "sent"))
+            assert sent == messages, sent
+    finally:
+        for proc in reversed(started):
+            procs.stop(proc)
+        monitor.dispose()
+    total = max(accepts) - t0
+    return {
+        "rate": round(messages / total, 1),
+        "seconds": round(total, 3),
+        "producer_seconds": round(produced, 3),
+        "producer_rate": round(messages / produced, 1),
+        "cpu_ms_per_message": {k: round(v * 1000 / messages, 3) for k, v in cpu.items()},
+    }
+
+
+def _described(result: dict[str, Any]) -> str:
+    cpu = result["cpu_ms_per_message"]
+    return (
+        f"app side {result['producer_rate']:,.0f}/s; CPU ms/msg: worker {cpu['worker']:.2f}, "
+        f"PostgreSQL {cpu['postgres']:.2f}, app {cpu['app']:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=5000)
+    parser.add_argument("--pools", default="prefork:4,threads:8")
+    parser.add_argument(
+        "--per-tx", default="100,1", help="messages per app transaction, one run each"
+    )
+    parser.add_argument("--matched", action="store_true")
+    args = parser.parse_args()
+    pools = [(p, int(c)) for p, c in (spec.split(":") for spec in args.pools.split(","))]
+    modes = [int(n) for n in args.per_tx.split(",")]
+    paths = ["alone", "delivery"] + (["alone_matched"] if args.matched else [])
+    figures: dict[str, Any] = {"messages": args.messages}
+    rows = []
+    with session() as procs:
+        engine = fresh_database()
+        stub = procs.stub()
+        stub_pid = procs.pids()[-1]
+        index = 0
+        for per_tx in modes:
+            for pool, concurrency in pools:
+                order = paths if index % 2 == 0 else list(reversed(paths))
+                index += 1
+                results = {}
+                for path in order:
+                    log(f"{per_tx}/tx, {pool} x{concurrency}: {path}")
+                    results[path] = one_run(
+                        engine,
+                        procs,
+                        stub,
+                        stub_pid,
+                        path=path,
+                        pool=pool,
+                        concurrency=concurrency,
+                        messages=args.messages,
+                        per_tx=per_tx,
+                    )
+                    log(f"  {results[path]}")
+                figures[f"{per_tx}/tx {pool}:{concurrency}"] = results
+                ours, alone = results["delivery"]["rate"], results["alone"]["rate"]
+                extra = ""
+                if "alone_matched" in results:
+                    extra = f"; with tasks.app's settings {results['alone_matched']['rate']:,.0f}/s"
+                app_ours = _described(results["delivery"])
+                app_alone = _described(results["alone"])
+                rows.append(
+                    row(
+                        f"end to end, {args.messages:,} msgs, {per_tx} per app transaction, "
+                        f"{pool} x{concurrency}",
+                        ours / alone,
+                        ">= 0.9x (aim 1.0x)",
+                        ours / alone >= 0.9,
+                        f"{ours:,.0f} msg/s ({app_ours})",
+                        f"{alone:,.0f} msg/s ({app_alone}){extra}",
+                    )
+                )
+        report("end_to_end", figures, rows, engine)
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    main()

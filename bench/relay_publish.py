@@ -1,0 +1,190 @@
+"""Relay publish rate: 20,000 due rows published by the relay (claim + ``tasks.publish``),
+rows per second, next to a plain loop of ``apply_async`` on the same broker in the same run.
+
+Each round starts from a fresh outbox of due rows and an empty broker db; the relay runs
+``relay_once`` with the configured batch (500) until every row is published and checks the
+queue holds one task per row. The baselines publish the same 20,000 ``delivery.deliver``
+tasks (same args, task id = key) with ``apply_async``: one call per task, as an app would,
+with sent events off (Celery's default) and on (as ``tasks.app`` configures them). The median
+of ``--rounds`` rounds is reported; the ratio is against the faster baseline.
+
+    python -m bench.relay_publish [--rows 20000] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import redis
+from sqlalchemy import text
+
+from bench.common import (
+    BROKER_URL,
+    fresh_database,
+    insert_rows,
+    log,
+    median,
+    queue_length,
+    report,
+    row,
+    session,
+    truncate,
+    vacuum,
+)
+from delivery.relay import Claim, relay_once
+from tasks.app import QUEUE, app
+from tasks.deliver import deliver, publish
+
+
+def publish_via_apply_async(claims: Sequence[Claim]) -> None:
+    """The publisher before issue 5 (for reference): ``apply_async`` per row, held producer."""
+    with app.producer_or_acquire() as producer:
+        for claim in claims:
+            deliver.apply_async(
+                (claim.id, claim.key), task_id=claim.key, producer=producer, queue=QUEUE
+            )
+
+
+def _fresh(engine: Any, rows: int) -> list[tuple[int, str]]:
+    import redis as _redis
+
+    _redis.Redis.from_url(BROKER_URL).delete(QUEUE)
+    truncate(engine)
+    insert_rows(engine, rows)
+    vacuum(engine)
+    with engine.connect() as conn:
+        return [(r.id, r.key) for r in conn.execute(text("SELECT id, key FROM delivery_messages"))]
+
+
+def _check_queue(rows: int) -> None:
+    found = queue_length(QUEUE)
+    if found != rows:
+        raise AssertionError(f"queue holds {found} tasks, expected {rows}")
+
+
+def _check_message(expect_rows: dict[int, str]) -> dict[str, Any]:
+    """Decode the newest task in the queue: the worker reads these fields."""
+    raw = redis.Redis.from_url(BROKER_URL).lindex(QUEUE, 0)
+    assert raw is not None
+    message = json.loads(raw)
+    headers = message["headers"]
+    body = json.loads(base64.b64decode(message["body"]))
+    (message_id, key), kwargs, embed = body
+    assert headers["task"] == "delivery.deliver", headers
+    assert headers["id"] == key == message["properties"]["correlation_id"], message
+    assert expect_rows[message_id] == key and kwargs == {}, body
+    assert set(embed) == {"callbacks", "errbacks", "chain", "chord"}, embed
+    return {"headers": sorted(headers), "args": [message_id, key]}
+
+
+def check_same_as_apply_async() -> None:
+    """``publish`` sends the very message ``apply_async`` sends (but the delivery tag)."""
+    client = redis.Redis.from_url(BROKER_URL)
+    client.delete(QUEUE)
+    app.conf.task_send_sent_event = False
+    try:
+        deliver.apply_async((5, "k5"), task_id="k5")
+    finally:
+        app.conf.task_send_sent_event = True
+    publish([Claim(5, "k5")])
+    sent = [json.loads(raw) for raw in client.lrange(QUEUE, 0, -1)]
+    client.delete(QUEUE)
+    for message in sent:
+        message["properties"].pop("delivery_tag")
+    if sent[0] != sent[1]:
+        raise AssertionError(f"publish differs from apply_async:\n{sent[1]}\n{sent[0]}")
+
+
+def time_relay(engine: Any, rows: int, publisher: Callable[[Sequence[Claim]], None]) -> float:
+    ids = dict(_fresh(engine, rows))
+    start = time.perf_counter()
+    published = relay_once(engine, publisher, batch=500, lease=300, max_batches=10**6)
+    elapsed = time.perf_counter() - start
+    assert published == rows, published
+    _check_queue(rows)
+    _check_message(ids)
+    return rows / elapsed
+
+
+def time_apply_async(engine: Any, rows: int, sent_events: bool) -> float:
+    pairs = _fresh(engine, rows)
+    app.conf.task_send_sent_event = sent_events
+    try:
+        start = time.perf_counter()
+        for message_id, key in pairs:
+            deliver.apply_async((message_id, key), task_id=key)
+        elapsed = time.perf_counter() - start
+    finally:
+        app.conf.task_send_sent_event = True
+    _check_queue(rows)
+    return rows / elapsed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rows", type=int, default=20_000)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    rates: dict[str, list[float]] = {
+        "relay": [],
+        "apply_async": [],
+        "apply_async_sent_events": [],
+        "relay_old_publish": [],
+    }
+    with session():
+        engine = fresh_database()
+        with app.connection_for_write() as conn:
+            conn.ensure_connection(max_retries=3)
+        check_same_as_apply_async()
+        log("warm-up")
+        time_relay(engine, 2000, publish)
+        time_apply_async(engine, 2000, sent_events=False)
+        for n in range(args.rounds):
+            log(f"round {n + 1}/{args.rounds}")
+            rates["relay"].append(time_relay(engine, args.rows, publish))
+            rates["apply_async"].append(time_apply_async(engine, args.rows, sent_events=False))
+            rates["apply_async_sent_events"].append(
+                time_apply_async(engine, args.rows, sent_events=True)
+            )
+            rates["relay_old_publish"].append(
+                time_relay(engine, args.rows, publish_via_apply_async)
+            )
+            log("  " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items()))
+        figures: dict[str, Any] = {k: round(median(v)) for k, v in rates.items()}
+        figures["rounds"] = {k: [round(x) for x in v] for k, v in rates.items()}
+        figures["rows"] = args.rows
+        relay = median(rates["relay"])
+        plain = median(rates["apply_async"])
+        events = median(rates["apply_async_sent_events"])
+        old = median(rates["relay_old_publish"])
+        baseline = max(plain, events)
+        figures["ratio"] = round(relay / baseline, 3)
+        rows = [
+            row(
+                f"relay publish, {args.rows:,} due rows",
+                relay / baseline,
+                ">= 3x",
+                relay / baseline >= 3.0,
+                f"{relay:,.0f} rows/s",
+                f"apply_async loop {plain:,.0f}/s (sent events on: {events:,.0f}/s)",
+            ),
+            row(
+                "relay with the previous publish (apply_async per row, held producer)",
+                old / baseline,
+                "",
+                None,
+                f"{old:,.0f} rows/s",
+                "same baseline",
+            ),
+        ]
+        report("relay_publish", figures, rows, engine)
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    main()
