@@ -38,10 +38,12 @@ from delivery.policies import UnknownPolicy
 __all__ = [
     "CHANNELS",
     "ON_REDIS_ERROR",
+    "PRIORITIES",
     "PROVIDER_KINDS",
     "Backoff",
     "BreakerConfig",
     "ChannelConfig",
+    "MessageType",
     "ProviderConfig",
     "Settings",
     "Timeouts",
@@ -103,12 +105,33 @@ class ProviderConfig:
     api_key_env: str | None = None
     breaker: BreakerConfig = BreakerConfig()
     options: Mapping[str, Any] = field(default_factory=dict)  # the adapter's own keys
+    rate_limit: float | None = None  # messages per second, shared by every worker
 
     def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
         """The secret, read from the environment when needed; never stored in settings."""
         if self.api_key_env is None:
             return None
         return (os.environ if environ is None else environ).get(self.api_key_env)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageType:
+    """Defaults for one kind of message (``otp``, ``receipt``, ``marketing``), chosen with
+    ``enqueue(..., type="otp")``; explicit arguments to ``enqueue`` win.
+
+    ``priority`` picks the Celery queue (``urgent`` -> ``delivery.urgent``, ``bulk`` ->
+    ``delivery.bulk``, ``normal`` -> ``delivery``); ``ttl`` (seconds from the due time) is how
+    long the message is worth sending: past it, it ends ``expired`` instead of going out late.
+    """
+
+    name: str
+    channel: str
+    provider: str | None = None
+    on_unknown: UnknownPolicy | None = None
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+    priority: str = "normal"
+    ttl: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +149,7 @@ class Settings:
     redis_url: str | None = None
     providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
     channels: Mapping[str, ChannelConfig] = field(default_factory=dict)
+    types: Mapping[str, MessageType] = field(default_factory=dict)
     backoff: Backoff = Backoff()
     max_attempts: int = 8
     max_payload_bytes: int = 64 * 1024
@@ -144,7 +168,8 @@ class Settings:
         return replace(self, **changes)
 
 
-_TOP = {"delivery", "backoff", "timeouts", "providers", "channels"}
+_TOP = {"delivery", "backoff", "timeouts", "providers", "channels", "types"}
+PRIORITIES = ("urgent", "normal", "bulk")
 _TUNING: dict[str, type] = {
     "max_attempts": int,
     "max_payload_bytes": int,
@@ -225,7 +250,7 @@ def _provider(name: str, table: Mapping[str, Any], timeouts: Timeouts) -> Provid
     if "kind" not in table:
         raise ConfigError(f"{where}kind", "is required")
     adapter = adapter_for(_string(table["kind"], f"{where}kind"), f"{where}kind")
-    common = {"kind", "base_url", "api_key_env", "timeouts", "breaker"}
+    common = {"kind", "base_url", "api_key_env", "timeouts", "breaker", "rate_limit"}
     _only(table, common | set(adapter.config_keys), where)
     base_url = adapter.default_base_url
     if "base_url" in table or base_url is None:
@@ -241,7 +266,12 @@ def _provider(name: str, table: Mapping[str, Any], timeouts: Timeouts) -> Provid
     own = _timeouts(_table(table, "timeouts", where), timeouts, f"{where}timeouts.")
     breaker = _breaker(_table(table, "breaker", where), f"{where}breaker.")
     options = adapter.options(table, where)
-    config = ProviderConfig(name, adapter.kind, base_url, own, api_key_env, breaker, options)
+    rate_limit = table.get("rate_limit")
+    if rate_limit is not None:
+        rate_limit = _number(rate_limit, f"{where}rate_limit", float, 0.001)
+    config = ProviderConfig(
+        name, adapter.kind, base_url, own, api_key_env, breaker, options, rate_limit
+    )
     adapter.check(config, where)
     return config
 
@@ -270,6 +300,49 @@ def _channel(name: str, table: Mapping[str, Any], providers: Mapping[str, Any]) 
     return ChannelConfig(name, provider, policy, max_attempts)
 
 
+def _backoff(table: Mapping[str, Any], where: str) -> Backoff:
+    _only(table, {"base", "cap"}, where)
+    backoff = Backoff(**{k: _number(v, f"{where}{k}", float, 0.0) for k, v in table.items()})
+    if backoff.cap < backoff.base:
+        raise ConfigError(f"{where}cap", f"must be >= {where}base")
+    return backoff
+
+
+def _message_type(
+    name: str,
+    table: Mapping[str, Any],
+    channels: Mapping[str, ChannelConfig],
+    providers: Mapping[str, ProviderConfig],
+) -> MessageType:
+    where = f"types.{name}."
+    _only(table, set(MessageType.__dataclass_fields__) - {"name"}, where)
+    if "channel" not in table:
+        raise ConfigError(f"{where}channel", "is required")
+    channel = _string(table["channel"], f"{where}channel")
+    if channel not in channels:
+        raise ConfigError(f"{where}channel", f"{channel!r} is not a configured channel")
+    provider = table.get("provider")
+    if provider is not None and _string(provider, f"{where}provider") not in providers:
+        raise ConfigError(f"{where}provider", f"{provider!r} is not a configured provider")
+    policy = table.get("on_unknown")
+    priority = table.get("priority", "normal")
+    if priority not in PRIORITIES:
+        raise ConfigError(f"{where}priority", f"{priority!r} is not one of {PRIORITIES}")
+    max_attempts, ttl = table.get("max_attempts"), table.get("ttl")
+    return MessageType(
+        name=name,
+        channel=channel,
+        provider=provider,
+        on_unknown=None if policy is None else _policy(policy, f"{where}on_unknown"),
+        max_attempts=None
+        if max_attempts is None
+        else _number(max_attempts, f"{where}max_attempts", int, 1),
+        backoff=_backoff(table["backoff"], f"{where}backoff.") if "backoff" in table else None,
+        priority=priority,
+        ttl=None if ttl is None else _number(ttl, f"{where}ttl", float, 0.001),
+    )
+
+
 def settings_from_mapping(
     data: Mapping[str, Any],
     *,
@@ -286,13 +359,7 @@ def settings_from_mapping(
         k: _number(v, f"delivery.{k}", _TUNING[k], 1 if _TUNING[k] is int else 0.01)
         for k, v in tuning.items()
     }
-    backoff_table = _table(data, "backoff", "")
-    _only(backoff_table, {"base", "cap"}, "backoff.")
-    backoff = Backoff(
-        **{k: _number(v, f"backoff.{k}", float, 0.0) for k, v in backoff_table.items()}
-    )
-    if backoff.cap < backoff.base:
-        raise ConfigError("backoff.cap", "must be >= backoff.base")
+    backoff = _backoff(_table(data, "backoff", ""), "backoff.")
     timeouts = _timeouts(_table(data, "timeouts", ""), Timeouts(), "timeouts.")
 
     provider_tables = _table(data, "providers", "")
@@ -310,12 +377,18 @@ def settings_from_mapping(
         name: _channel(name, _table(channel_tables, name, "channels."), providers)
         for name in channel_tables
     }
+    type_tables = _table(data, "types", "")
+    types = {
+        name: _message_type(name, _table(type_tables, name, "types."), channels, providers)
+        for name in type_tables
+    }
     settings = Settings(
         database_url=database_url,
         broker_url=broker_url,
         redis_url=redis_url,
         providers=providers,
         channels=channels,
+        types=types,
         backoff=backoff,
         home=home,
         **values,

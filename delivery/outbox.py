@@ -8,6 +8,7 @@ After the caller commits, the post-commit nudge (installed by the Celery app wit
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable
@@ -17,7 +18,7 @@ from sqlalchemy import Engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from delivery.config import Settings
+from delivery.config import ChannelConfig, MessageType, ProviderConfig, Settings
 from delivery.errors import IdempotencyConflict, InvalidMessage
 from delivery.models import Message, utcnow
 from delivery.policies import UnknownPolicy
@@ -48,7 +49,7 @@ def set_nudge(nudge: Nudge | None) -> None:
 def enqueue(
     session: Session,
     *,
-    channel: str,
+    channel: str | None = None,
     to: str,
     payload: dict[str, Any],
     key: str | None = None,
@@ -56,6 +57,7 @@ def enqueue(
     on_unknown: str | None = None,
     max_attempts: int | None = None,
     send_at: Any = None,
+    type: str | None = None,
     settings: Settings | None = None,
 ) -> Message:
     """Add one message to ``session``'s transaction and return it; never commits.
@@ -63,29 +65,39 @@ def enqueue(
     Same ``key`` and same payload returns the existing message; same key with another
     payload raises ``IdempotencyConflict``. Bad input raises ``InvalidMessage`` naming the
     field. In both cases nothing is written and the caller's transaction stays usable.
+
+    ``type`` names a message type of the configuration (``otp``, ``marketing``): its
+    channel, provider, policy, attempts, priority and time-to-live are the defaults.
     """
     settings = settings or get_settings()
+    kind = None
+    if type is not None:
+        kind = settings.types.get(type) if isinstance(type, str) else None
+        if kind is None:
+            known = ", ".join(sorted(settings.types)) or "none configured"
+            raise InvalidMessage("type", f"{type!r} is not a configured message type ({known})")
+        channel = kind.channel if channel is None else channel
     channel_config = settings.channel(channel) if isinstance(channel, str) else None
     if channel_config is None:
         raise InvalidMessage(
             "channel",
             f"{channel!r} is not a configured channel ({', '.join(sorted(settings.channels))})",
         )
-    provider = channel_config.provider if provider is None else provider
+    assert channel is not None
+    provider = provider or (kind and kind.provider) or channel_config.provider
     if provider not in settings.providers:
         raise InvalidMessage("provider", f"{provider!r} is not a configured provider")
-    try:
-        policy = channel_config.on_unknown if on_unknown is None else UnknownPolicy(on_unknown)
-    except ValueError:
-        raise InvalidMessage(
-            "on_unknown",
-            f"{on_unknown!r} is not one of {', '.join(p.value for p in UnknownPolicy)}",
-        ) from None
-    attempts = max_attempts or channel_config.max_attempts or settings.max_attempts
+    policy = _policy(on_unknown, kind, channel_config, settings.providers[provider])
     if max_attempts is not None and (
         not isinstance(max_attempts, int) or isinstance(max_attempts, bool) or max_attempts < 1
     ):
         raise InvalidMessage("max_attempts", f"must be an integer >= 1, not {max_attempts!r}")
+    attempts = (
+        max_attempts
+        or (kind and kind.max_attempts)
+        or channel_config.max_attempts
+        or settings.max_attempts
+    )
     recipient = check_recipient(channel, to)
     body = check_payload(channel, payload, settings.max_payload_bytes)
     key = str(uuid.uuid4()) if key is None else check_key(key)
@@ -106,6 +118,9 @@ def enqueue(
         max_attempts=attempts,
         needs_lookup=False,
         next_attempt_at=due,
+        message_type=kind.name if kind else None,
+        priority=kind.priority if kind else "normal",
+        expires_at=due + dt.timedelta(seconds=kind.ttl) if kind and kind.ttl else None,
         created_at=now,
         updated_at=now,
     )
@@ -118,6 +133,34 @@ def enqueue(
     if due <= now:
         session.info.setdefault(_NUDGE_KEY, []).append(message.id)
     return message
+
+
+def _policy(
+    on_unknown: str | None,
+    kind: MessageType | None,
+    channel: ChannelConfig,
+    provider: ProviderConfig,
+) -> UnknownPolicy:
+    """Explicit argument, else the type's, else the channel's (or, for a provider other than
+    the channel's, that provider kind's own default: Twilio has no keys, so ``lookup``)."""
+    from delivery.providers import adapter_for
+
+    if on_unknown is None:
+        if kind is not None and kind.on_unknown is not None:
+            return kind.on_unknown
+        if provider.name == channel.provider:
+            return channel.on_unknown
+        return adapter_for(provider.kind).default_on_unknown
+    try:
+        policy = UnknownPolicy(on_unknown)
+    except ValueError:
+        choices = ", ".join(p.value for p in UnknownPolicy)
+        raise InvalidMessage("on_unknown", f"{on_unknown!r} is not one of {choices}") from None
+    if policy is UnknownPolicy.LOOKUP and not adapter_for(provider.kind).supports_lookup:
+        raise InvalidMessage(
+            "on_unknown", f"provider {provider.name!r} ({provider.kind}) cannot look messages up"
+        )
+    return policy
 
 
 def _insert(session: Session, values: dict[str, Any]) -> Message | None:

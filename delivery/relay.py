@@ -39,6 +39,7 @@ class Claim(NamedTuple):
 
     id: int
     key: str
+    priority: str = "normal"  # picks the queue (see the message type), not part of the task
 
 
 Publisher = Callable[[Sequence[Claim]], None]
@@ -88,9 +89,9 @@ def claim(
             updated_at=now,
             lease_expires_at=now + dt.timedelta(seconds=lease),
         )
-        .returning(messages_table.c.id, messages_table.c.key)
+        .returning(messages_table.c.id, messages_table.c.key, messages_table.c.priority)
     )
-    return [Claim(row.id, row.key) for row in connection.execute(stmt)]
+    return [Claim(row.id, row.key, row.priority) for row in connection.execute(stmt)]
 
 
 def release(connection: Connection, claims: Sequence[Claim]) -> int:

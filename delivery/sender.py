@@ -22,6 +22,7 @@ from sqlalchemy import Connection, insert, select, update
 
 from delivery.backoff import compute_backoff
 from delivery.breaker import Permit
+from delivery.config import Backoff
 from delivery.events import Transition, emit
 from delivery.models import Message, attempts_table, messages_table, utcnow
 from delivery.outcomes import (
@@ -40,9 +41,11 @@ from delivery.providers import Envelope
 from delivery.service import Service
 from delivery.status import Status
 
-__all__ = ["CIRCUIT_JITTER", "CIRCUIT_OPEN", "Result", "deliver"]
+__all__ = ["CIRCUIT_JITTER", "CIRCUIT_OPEN", "EXPIRED", "RATE_LIMITED", "Result", "deliver"]
 
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
+EXPIRED = "EXPIRED"
+RATE_LIMITED = "RATE_LIMITED"
 CIRCUIT_JITTER = 1.0
 
 
@@ -76,6 +79,9 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
                 Message.needs_lookup,
                 Message.on_unknown,
                 Message.next_attempt_at,
+                Message.lease_expires_at,
+                Message.expires_at,
+                Message.message_type,
             ).where(Message.id == message_id)
         ).one_or_none()
     if row is None or row.key != key:
@@ -88,6 +94,12 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
         if early < 1.0:
             return Result("retry", status=row.status, delay=early, reason="not due yet")
         return Result("skip", status=row.status, reason="not due yet")
+    if row.expires_at is not None and now >= row.expires_at:
+        return _expire(service, row.id, row.key, row.provider, row.attempts)
+    limiter = service.limiter(row.provider)
+    wait = limiter.acquire() if limiter is not None else 0.0
+    if wait > 0:
+        return _rate_limited(service, row.id, row.provider, row.lease_expires_at, wait)
 
     breaker = service.breaker(row.provider)
     permit = breaker.allow()
@@ -117,8 +129,15 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
 
     provider = service.provider(row.provider)
     envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
+    kind = service.settings.types.get(row.message_type or "")
     msg = _Sending(
-        row.id, row.key, row.provider, attempt, row.max_attempts, UnknownPolicy(row.on_unknown)
+        row.id,
+        row.key,
+        row.provider,
+        attempt,
+        row.max_attempts,
+        UnknownPolicy(row.on_unknown),
+        kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
     )
     if row.needs_lookup:
         started = time.perf_counter()
@@ -132,6 +151,68 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
     outcome = provider.send(envelope)
     breaker.record(permit, outcome.kind)
     return _after_send(service, msg, outcome, started)
+
+
+def _expire(service: Service, message_id: int, key: str, provider: str, attempts: int) -> Result:
+    """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
+    now = utcnow()
+    with service.engine.begin() as conn:
+        done = conn.execute(
+            update(messages_table)
+            .where(
+                messages_table.c.id == message_id,
+                messages_table.c.status == Status.DISPATCHED.value,
+                messages_table.c.attempts == attempts,
+            )
+            .values(
+                status=Status.EXPIRED.value,
+                lease_expires_at=None,
+                last_error_code=EXPIRED,
+                last_error="time-to-live passed before it could be sent",
+                updated_at=now,
+            )
+        ).rowcount
+    if not done:
+        return Result("skip", reason="taken by another worker")
+    emit(
+        Transition(
+            message_id,
+            key,
+            provider,
+            Status.DISPATCHED,
+            Status.EXPIRED,
+            attempts,
+            "expired",
+            EXPIRED,
+        )
+    )
+    return Result("done", Status.EXPIRED, code=EXPIRED)
+
+
+def _rate_limited(
+    service: Service, message_id: int, provider: str, lease: dt.datetime | None, wait: float
+) -> Result:
+    """Over the provider's rate: come back when a token is there (plus a little jitter so
+    that waiting workers do not all return at once). The row stays ``dispatched``; only its
+    lease is extended when the wait would outlast it."""
+    delay = wait + service.rng.uniform(0.0, min(wait, 1.0))
+    now = utcnow()
+    if lease is not None and lease < now + dt.timedelta(seconds=delay + 5.0):
+        with service.engine.begin() as conn:
+            conn.execute(
+                update(messages_table)
+                .where(
+                    messages_table.c.id == message_id,
+                    messages_table.c.status == Status.DISPATCHED.value,
+                )
+                .values(
+                    lease_expires_at=now
+                    + dt.timedelta(seconds=delay + service.settings.dispatch_lease)
+                )
+            )
+    return Result(
+        "retry", Status.DISPATCHED, delay, RATE_LIMITED, f"provider {provider!r} rate limit"
+    )
 
 
 def _circuit_open(
@@ -190,6 +271,7 @@ class _Sending:
     attempt: int
     max_attempts: int
     policy: UnknownPolicy
+    backoff: Backoff
 
 
 def _log_attempt(
@@ -335,7 +417,7 @@ def _retry_or_stop(
             f"attempts exhausted ({msg.attempt}/{msg.max_attempts}): {reason}",
             outcome,
         )
-    delay = compute_backoff(msg.attempt, service.settings.backoff, retry_after, service.rng)
+    delay = compute_backoff(msg.attempt, msg.backoff, retry_after, service.rng)
     extra = {} if needs_lookup is None else {"needs_lookup": needs_lookup}
     status = _park(
         conn,

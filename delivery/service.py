@@ -1,5 +1,5 @@
-"""The objects one worker or relay process holds: settings, database, provider clients and
-circuit breakers."""
+"""The objects one worker or relay process holds: settings, database, provider clients,
+circuit breakers and rate limits."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from delivery.breaker import Breakers, CircuitBreaker
+from delivery.breaker import Breakers, CircuitBreaker, redis_client
 from delivery.config import Settings
 from delivery.db import make_engine, make_sessionmaker
 from delivery.providers import Provider, build_provider
+from delivery.ratelimit import RateLimiter
 
 __all__ = ["Service"]
 
@@ -30,6 +31,7 @@ class Service:
     _providers: dict[str, Provider] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _breakers: Breakers | None = None
+    _limiters: dict[str, RateLimiter | None] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Service:
@@ -49,6 +51,17 @@ class Service:
             if self._breakers is None:
                 self._breakers = Breakers(self.settings)
             return self._breakers.get(name)
+
+    def limiter(self, name: str) -> RateLimiter | None:
+        """The provider's shared rate limit, or None when it has none."""
+        with self._lock:
+            if name not in self._limiters:
+                rate = self.settings.providers[name].rate_limit
+                client = None
+                if rate is not None and self.settings.redis_url is not None:
+                    client = redis_client(self.settings.redis_url)
+                self._limiters[name] = None if rate is None else RateLimiter(name, rate, client)
+            return self._limiters[name]
 
     def close(self) -> None:
         with self._lock:

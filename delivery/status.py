@@ -6,8 +6,10 @@
        ▲  │                 │                    │ ├────▶ dead      (permanent, or attempts spent)
        │  └─cancel─▶ cancelled                   │ ├────▶ unknown   (policy give_up)
        │                    │                    │ └────▶ dispatched (retry soon, Celery countdown)
-       └──── lease expired ─┘                    └──────▶ pending    (retry later, breaker open,
+       └──── lease expired ─┘                    └──────▶ pending    (retry later,
                                                                       lease expired: unknown policy)
+    dispatched ──breaker open──▶ pending (no attempt spent)
+    pending, dispatched ──ttl passed──▶ expired
     dead, unknown ──redrive──▶ pending   (same key)
 
 - ``pending``: waits for ``next_attempt_at``; the relay claims it.
@@ -18,6 +20,8 @@
 - ``dead``: permanent error, or attempts exhausted; ops can redrive it.
 - ``unknown``: the provider may or may not have it; needs review (``resolve``/``redrive``).
 - ``cancelled``: cancelled while pending.
+- ``expired``: its time-to-live (``expires_at``) passed before it could be sent; never sent
+  late (an OTP is worthless after five minutes).
 
 Every transition is a conditional UPDATE on the expected status (and attempt count), so a
 duplicate task, a second relay or a late worker changes nothing.
@@ -38,7 +42,8 @@ class Status(enum.StrEnum):
     DEAD = "dead"
     UNKNOWN = "unknown"
     CANCELLED = "cancelled"
+    EXPIRED = "expired"
 
 
-FINAL = frozenset({Status.SENT, Status.DEAD, Status.UNKNOWN, Status.CANCELLED})
+FINAL = frozenset({Status.SENT, Status.DEAD, Status.UNKNOWN, Status.CANCELLED, Status.EXPIRED})
 OPEN = frozenset({Status.PENDING, Status.DISPATCHED, Status.SENDING})

@@ -7,6 +7,8 @@
   ``retry`` -> ``pending`` (the same key is sent again: a duplicate is possible only if the
   provider does not dedupe), ``lookup`` -> ``pending`` with a lookup before any new send,
   ``give_up`` -> ``unknown``. Spent attempts also end in ``unknown``.
+- ``pending`` or ``dispatched`` past its time-to-live (``expires_at``): ``expired``, never sent
+  late.
 """
 
 from __future__ import annotations
@@ -31,11 +33,26 @@ class SweepReport:
     requeued: int
     recovered: int
     unknown: int
+    expired: int = 0
 
 
 def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) -> SweepReport:
     now = now or utcnow()
     with engine.begin() as conn:
+        expired = conn.execute(
+            update(messages_table)
+            .where(
+                messages_table.c.status.in_([Status.PENDING.value, Status.DISPATCHED.value]),
+                messages_table.c.expires_at < now,
+            )
+            .values(
+                status=Status.EXPIRED.value,
+                lease_expires_at=None,
+                updated_at=now,
+                last_error_code="EXPIRED",
+                last_error="time-to-live passed before it could be sent",
+            )
+        ).rowcount
         requeued = conn.execute(
             update(messages_table)
             .where(
@@ -114,4 +131,4 @@ def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) 
             unknown += 1
         else:
             recovered += 1
-    return SweepReport(requeued, recovered, unknown)
+    return SweepReport(requeued, recovered, unknown, expired)

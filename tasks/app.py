@@ -8,13 +8,23 @@ from typing import Any
 
 from celery import Celery
 from celery.signals import worker_process_init
+from kombu.entity import Queue
 
 from delivery.runtime import get_settings
 from delivery.service import Service
 
-__all__ = ["QUEUE", "DeliveryCelery", "app", "service"]
+__all__ = ["BULK", "QUEUE", "QUEUES", "URGENT", "DeliveryCelery", "app", "service"]
 
 QUEUE = "delivery"
+URGENT = "delivery.urgent"
+BULK = "delivery.bulk"
+#: A message type's priority -> its queue. A worker serves them in this order (strictly on
+#: Redis, where ``queue_order_strategy`` is ``priority``).
+QUEUES = {"urgent": URGENT, "normal": QUEUE, "bulk": BULK}
+
+
+def _queue(name: str) -> Queue:
+    return Queue(name, routing_key=name)  # type: ignore[no-untyped-call]
 
 
 class DeliveryCelery(Celery):  # type: ignore[misc]
@@ -24,6 +34,7 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
             broker_url=settings.broker_url,
             broker_connection_retry_on_startup=True,
             task_default_queue=QUEUE,
+            task_queues=[_queue(name) for name in QUEUES.values()],
             task_ignore_result=True,
             task_acks_late=True,
             task_reject_on_worker_lost=True,
@@ -36,12 +47,13 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
                 "delivery-relay": {
                     "task": "delivery.relay",
                     "schedule": settings.relay_interval,
-                    "options": {"expires": max(settings.relay_interval * 5, 5)},
+                    # On the urgent queue: a backlog of sends must not hold up the relay.
+                    "options": {"expires": max(settings.relay_interval * 5, 5), "queue": URGENT},
                 },
                 "delivery-sweep": {
                     "task": "delivery.sweep",
                     "schedule": settings.sweep_interval,
-                    "options": {"expires": max(settings.sweep_interval * 5, 5)},
+                    "options": {"expires": max(settings.sweep_interval * 5, 5), "queue": URGENT},
                 },
             },
         )
@@ -56,6 +68,8 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
                 "polling_interval": 0.1,
                 "store_processed": False,
             }
+        if settings.broker_url.startswith(("redis", "rediss")):
+            conf["broker_transport_options"] = {"queue_order_strategy": "priority"}
         self.conf.update(conf)
 
 

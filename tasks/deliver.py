@@ -12,7 +12,7 @@ from delivery import outbox
 from delivery.relay import Claim, relay_once
 from delivery.runtime import get_settings
 from delivery.sender import deliver as deliver_once
-from tasks.app import QUEUE, app, service
+from tasks.app import QUEUE, QUEUES, app, service
 
 __all__ = ["DeadLettered", "deliver", "publish"]
 
@@ -48,7 +48,7 @@ class _Template(NamedTuple):
 
     headers: dict[str, Any]
     options: dict[str, Any]
-    queue: Any
+    queues: list[Any]
 
 
 _template: _Template | None = None
@@ -64,14 +64,14 @@ def _message_template() -> _Template:
         queue = app.amqp.queues[QUEUE]
         options = dict(
             exchange="",  # the default exchange: routing key = queue, no binding lookup
-            routing_key=queue.name,
             delivery_mode=queue.exchange.delivery_mode or app.conf.task_default_delivery_mode,
             serializer=app.conf.task_serializer,
             compression=app.conf.task_compression,
             retry=False,
             reply_to=app.thread_oid,  # as apply_async sets it (unused: results are ignored)
         )
-        _template = _Template(dict(message.headers), options, queue)
+        queues = [app.amqp.queues[name] for name in QUEUES.values()]
+        _template = _Template(dict(message.headers), options, queues)
     return _template
 
 
@@ -81,19 +81,21 @@ def publish(claims: Sequence[Claim]) -> None:
 
     Fast path for the relay and the nudge: one held producer connection, Celery protocol-2
     messages built from a per-process template (no ``apply_async`` per row), sent to the
-    default exchange with routing key ``delivery`` and, where kombu can (``Producer.batch``,
-    kombu >= 5.7 on Redis), buffered into one pipeline per call. No ``task-sent`` events or
-    publish signals are sent; the worker's events show the task in Flower. A failure raises,
-    and the relay puts the rows back to ``pending``."""
+    default exchange with the routing key of the message's queue (``delivery``, or
+    ``delivery.urgent`` / ``delivery.bulk`` by its type's priority) and, where kombu can
+    (``Producer.batch``, kombu >= 5.7 on Redis), buffered into one pipeline per call. No
+    ``task-sent`` events or publish signals are sent; the worker's events show the task in
+    Flower. A failure raises, and the relay puts the rows back to ``pending``."""
     if not claims:
         return
     template = _message_template()
     headers, options = template.headers, template.options
     with app.producer_or_acquire() as producer:
-        producer.maybe_declare(template.queue)
+        for queue in template.queues:
+            producer.maybe_declare(queue)
         batch = getattr(producer, "batch", None)
         with batch(max_size=max(len(claims), 1)) if batch else contextlib.nullcontext():
-            for message_id, key in claims:
+            for message_id, key, priority in claims:
                 producer.publish(
                     ((message_id, key), {}, _EMBED),
                     headers={
@@ -103,6 +105,7 @@ def publish(claims: Sequence[Claim]) -> None:
                         "argsrepr": repr((message_id, key)),
                     },
                     correlation_id=key,
+                    routing_key=QUEUES.get(priority, QUEUE),
                     **options,
                 )
 

@@ -1,6 +1,9 @@
-"""Beat tasks: ``delivery.relay`` (publish due rows) and ``delivery.sweep`` (expired leases)."""
+"""Beat tasks: ``delivery.relay`` (publish due rows) and ``delivery.sweep`` (expired leases
+and time-to-live)."""
 
 from __future__ import annotations
+
+from dataclasses import asdict
 
 from delivery.relay import relay_once
 from delivery.sweeper import sweep as sweep_once
@@ -20,5 +23,4 @@ def relay() -> int:
 
 @app.task(name="delivery.sweep", ignore_result=True, acks_late=False)  # type: ignore[untyped-decorator]
 def sweep() -> dict[str, int]:
-    report = sweep_once(service().engine)
-    return {"requeued": report.requeued, "recovered": report.recovered, "unknown": report.unknown}
+    return asdict(sweep_once(service().engine))

@@ -73,6 +73,18 @@ on_unknown = "retry"
 [channels.webhook]
 provider = "stub"
 on_unknown = "lookup"
+
+[types.otp]
+channel = "sms"
+priority = "urgent"
+ttl = 300
+max_attempts = 10
+
+[types.marketing]
+channel = "sms"
+on_unknown = "give_up"
+priority = "bulk"
+max_attempts = 3
 """)
 
 # Set before anything reads settings: this process (enqueue, the nudge) and every process
@@ -216,7 +228,9 @@ def counts(engine: Engine) -> dict[str, int]:
 
 def drained(engine: Engine, total: int, timeout: float = 90.0) -> dict[str, int]:
     """Wait until all ``total`` messages are in a final status; return the counts."""
-    final = ("sent", "dead", "unknown", "cancelled")
+    from delivery.status import FINAL
+
+    final = tuple(FINAL)
 
     def done() -> bool:
         c = counts(engine)

@@ -94,6 +94,7 @@ def test_stats_json_counts_every_status(session: Session) -> None:
         "dead": 3,
         "unknown": 1,
         "cancelled": 0,
+        "expired": 0,
     }
     assert list(json.loads(result.output)) == [
         "pending",
@@ -103,6 +104,7 @@ def test_stats_json_counts_every_status(session: Session) -> None:
         "dead",
         "unknown",
         "cancelled",
+        "expired",
     ]
 
 

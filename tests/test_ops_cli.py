@@ -21,7 +21,7 @@ from delivery.events import Transition, add_hook, remove_hook
 from delivery.models import Attempt, Message, utcnow
 
 RECIPIENT = "+15555550123"
-STATUSES = ["pending", "dispatched", "sending", "sent", "dead", "unknown", "cancelled"]
+STATUSES = ["pending", "dispatched", "sending", "sent", "dead", "unknown", "cancelled", "expired"]
 
 
 @pytest.fixture

@@ -63,6 +63,13 @@ class Message(models.Model):
     sent_at: models.DateTimeField[dt.datetime | None, dt.datetime | None] = models.DateTimeField(
         null=True
     )
+    message_type: models.CharField[str | None, str | None] = models.CharField(
+        max_length=32, null=True
+    )
+    priority: models.CharField[str, str] = models.CharField(max_length=16, default="normal")
+    expires_at: models.DateTimeField[dt.datetime | None, dt.datetime | None] = (
+        models.DateTimeField(null=True)
+    )
 
     class Meta:
         managed = False
