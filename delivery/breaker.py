@@ -363,7 +363,9 @@ class CircuitBreaker:
             if outcome_kind in FAILURE
             else "neutral"
         )
-        if permit.source != "none" and (verdict != "neutral" or permit.probe):
+        # Only a failure, or the probe's own answer, changes the state: a plain success or a
+        # neutral answer costs no round trip.
+        if permit.source != "none" and (verdict == "failure" or permit.probe):
             self._run("record", permit.token, verdict, local=permit.source == "local")
 
     def release(self, permit: Permit) -> None:

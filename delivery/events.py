@@ -7,6 +7,7 @@ logged and isolated, never allowed to break a send.
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 from collections.abc import Callable
@@ -28,6 +29,7 @@ class Transition:
     outcome: str | None = None
     code: str | None = None
     delay: float | None = None
+    enqueued_at: dt.datetime | None = None  # on ``sent``: for the enqueue -> accept latency
 
 
 Hook = Callable[[Transition], None]

@@ -24,7 +24,6 @@ prefork worker's children); see the prometheus_client docs on multiprocess mode.
 
 from __future__ import annotations
 
-import datetime as dt
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -32,13 +31,13 @@ from collections.abc import Callable, Iterable, Mapping
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from delivery import ops
 from delivery.breaker import Breakers, BreakerTransition
 from delivery.events import Transition
-from delivery.models import Message, utcnow
+from delivery.models import utcnow
 from delivery.status import Status
 
 __all__ = [
@@ -47,7 +46,6 @@ __all__ = [
     "OutboxCollector",
     "WorkerMetrics",
     "breaker_reader",
-    "created_at_reader",
     "exporter_registry",
     "multiprocess_registry",
 ]
@@ -151,20 +149,14 @@ class OutboxCollector(Collector):
         return [state, failures]
 
 
-CreatedAt = Callable[[int], dt.datetime | None]
-
-
 class WorkerMetrics:
     """Counters and histograms fed by the transition and breaker hooks of one process.
 
-    ``created_at`` looks a message's enqueue time up by id (``created_at_reader``); without
-    it no send latency is observed. Hooks must not fail a send, and these do not raise.
+    The send latency is timed from the ``enqueued_at`` the sender puts on a ``sent``
+    transition (no query per message). Hooks must not fail a send, and these do not raise.
     """
 
-    def __init__(
-        self, registry: CollectorRegistry | None, created_at: CreatedAt | None = None
-    ) -> None:
-        self.created_at = created_at
+    def __init__(self, registry: CollectorRegistry | None) -> None:
         self.attempts = Counter(
             "delivery_attempts",
             "Provider calls by outcome class (delivered, retryable, permanent, unknown, "
@@ -211,12 +203,10 @@ class WorkerMetrics:
         if (
             transition.to_status == Status.SENT
             and transition.from_status == Status.SENDING
-            and self.created_at is not None
+            and transition.enqueued_at is not None
         ):
-            created = self.created_at(transition.message_id)
-            if created is not None:
-                seconds = (utcnow() - created).total_seconds()
-                self.latency.labels(transition.provider).observe(max(seconds, 0.0))
+            seconds = (utcnow() - transition.enqueued_at).total_seconds()
+            self.latency.labels(transition.provider).observe(max(seconds, 0.0))
 
     def observe_breaker(self, transition: BreakerTransition) -> None:
         """A ``delivery.breaker`` hook: count the transition."""
@@ -227,16 +217,6 @@ class WorkerMetrics:
     def observe_relay(self, published: int) -> None:
         """One relay run published ``published`` messages."""
         self.relay_batch.observe(published)
-
-
-def created_at_reader(engine: Engine) -> CreatedAt:
-    """Look up a message's ``created_at`` by id (one primary-key read on ``engine``)."""
-
-    def created_at(message_id: int) -> dt.datetime | None:
-        with Session(engine) as session:
-            return session.scalar(select(Message.created_at).where(Message.id == message_id))
-
-    return created_at
 
 
 def breaker_reader(breakers: Breakers) -> BreakerReader:

@@ -24,7 +24,7 @@ from delivery.backoff import compute_backoff
 from delivery.breaker import Permit
 from delivery.config import Backoff
 from delivery.events import Transition, emit
-from delivery.models import Message, attempts_table, messages_table, utcnow
+from delivery.models import attempts_table, messages_table, utcnow
 from delivery.outcomes import (
     Absent,
     Delivered,
@@ -62,28 +62,33 @@ class Result:
     reason: str | None = None
 
 
+_COLUMNS = (
+    "id",
+    "key",
+    "channel",
+    "provider",
+    "recipient",
+    "payload",
+    "status",
+    "attempts",
+    "max_attempts",
+    "needs_lookup",
+    "on_unknown",
+    "next_attempt_at",
+    "lease_expires_at",
+    "expires_at",
+    "message_type",
+    "created_at",
+)
+
+#: What one attempt reads of its message, in one primary-key read.
+_ROW = select(*(messages_table.c[name] for name in _COLUMNS))
+
+
 def deliver(service: Service, message_id: int, key: str) -> Result:
     now = utcnow()
-    with service.sessions() as session:
-        row = session.execute(
-            select(
-                Message.id,
-                Message.key,
-                Message.channel,
-                Message.provider,
-                Message.recipient,
-                Message.payload,
-                Message.status,
-                Message.attempts,
-                Message.max_attempts,
-                Message.needs_lookup,
-                Message.on_unknown,
-                Message.next_attempt_at,
-                Message.lease_expires_at,
-                Message.expires_at,
-                Message.message_type,
-            ).where(Message.id == message_id)
-        ).one_or_none()
+    with service.engine.connect() as conn:
+        row = conn.execute(_ROW.where(messages_table.c.id == message_id)).one_or_none()
     if row is None or row.key != key:
         return Result("skip", reason="no such message")
     if row.status != Status.DISPATCHED:
@@ -138,6 +143,7 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
         row.max_attempts,
         UnknownPolicy(row.on_unknown),
         kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
+        row.created_at,
     )
     if row.needs_lookup:
         started = time.perf_counter()
@@ -272,6 +278,7 @@ class _Sending:
     max_attempts: int
     policy: UnknownPolicy
     backoff: Backoff
+    enqueued_at: dt.datetime
 
 
 def _log_attempt(
@@ -375,7 +382,14 @@ def _sent(conn: Connection, msg: _Sending, ref: str | None, outcome: str) -> Res
     ):
         emit(
             Transition(
-                msg.id, msg.key, msg.provider, Status.SENDING, Status.SENT, msg.attempt, outcome
+                msg.id,
+                msg.key,
+                msg.provider,
+                Status.SENDING,
+                Status.SENT,
+                msg.attempt,
+                outcome,
+                enqueued_at=msg.enqueued_at,
             )
         )
         return Result("done", Status.SENT)

@@ -17,18 +17,14 @@ from __future__ import annotations
 
 import logging
 import os
-import threading
 from typing import Any
 
 from celery.signals import task_postrun, worker_init, worker_process_shutdown
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
-from sqlalchemy import Engine
 
 from delivery.breaker import add_breaker_hook
-from delivery.db import make_engine
 from delivery.events import add_hook
-from delivery.metrics import WorkerMetrics, created_at_reader, multiprocess_registry
-from delivery.runtime import get_settings
+from delivery.metrics import WorkerMetrics, multiprocess_registry
 
 __all__ = ["metrics", "registry"]
 
@@ -37,27 +33,7 @@ log = logging.getLogger("tasks.metrics")
 registry = CollectorRegistry()
 """This process's worker metrics (served as is unless ``PROMETHEUS_MULTIPROC_DIR`` is set)."""
 
-_lock = threading.Lock()
-_lookup: tuple[int, Engine] | None = None
-
-
-def _lookup_engine() -> Engine:
-    """A one-connection engine of this process for ``created_at`` lookups: it never competes
-    with the sender's pool, and a forked child builds its own."""
-    global _lookup
-    with _lock:
-        if _lookup is None or _lookup[0] != os.getpid():
-            url = get_settings().database_url
-            engine = make_engine(url, pool_size=1, max_overflow=0, pool_timeout=5)
-            _lookup = (os.getpid(), engine)
-        return _lookup[1]
-
-
-def _created_at(message_id: int) -> Any:
-    return created_at_reader(_lookup_engine())(message_id)
-
-
-metrics = WorkerMetrics(registry, created_at=_created_at)
+metrics = WorkerMetrics(registry)
 add_hook(metrics.observe_transition)
 add_breaker_hook(metrics.observe_breaker)
 

@@ -414,8 +414,8 @@ def test_sender_parks_without_an_attempt_on_the_local_fallback(
                     )
             with service.engine.begin() as conn:
                 first, second = sorted(claim(conn, limit=10, lease=60))
-            assert deliver(service, *first).code == "HTTP_503"
-            parked = deliver(service, *second)
+            assert deliver(service, first.id, first.key).code == "HTTP_503"
+            parked = deliver(service, second.id, second.key)
             assert (parked.action, parked.status, parked.code) == (
                 "parked",
                 "pending",

@@ -145,17 +145,20 @@ def test_outbox_collector_reports_down_instead_of_failing(tmp_path: Path) -> Non
 
 
 def test_worker_metrics_count_attempts_transitions_latency_and_breakers() -> None:
-    """Transitions feed attempts by outcome and provider, the send latency from created_at,
-    and breaker transitions; other transitions are not counted as attempts."""
+    """Transitions feed attempts by outcome and provider, the send latency from the enqueue
+    time on the sent transition, and breaker transitions; other transitions are not counted
+    as attempts."""
     registry = CollectorRegistry()
     created = utcnow() - dt.timedelta(seconds=42)
-    metrics = WorkerMetrics(registry, created_at=lambda message_id: created)
+    metrics = WorkerMetrics(registry)
     metrics.observe_transition(Transition(1, "k1", "stub", "dispatched", "sending", 1))
     metrics.observe_transition(
         Transition(1, "k1", "stub", "sending", "dispatched", 1, "retryable", "503", 0.2)
     )
     metrics.observe_transition(Transition(1, "k1", "stub", "dispatched", "sending", 2))
-    metrics.observe_transition(Transition(1, "k1", "stub", "sending", "sent", 2, "delivered"))
+    metrics.observe_transition(
+        Transition(1, "k1", "stub", "sending", "sent", 2, "delivered", enqueued_at=created)
+    )
     metrics.observe_transition(Transition(2, "k2", "stub", "dead", "pending", 0, "redrive"))
     metrics.observe_breaker(BreakerTransition("stub", "half_open", "open", 3, utcnow(), "redis"))
     metrics.observe_relay(7)
@@ -201,8 +204,10 @@ def exported_samples(engine: Engine) -> dict[str, set[str]]:
     """Every sample name we export -> its label names, with one observation of each kind."""
     registry = exporter_registry(engine, lambda: {"stub": ("open", 5)})
     worker_registry = CollectorRegistry()
-    metrics = WorkerMetrics(worker_registry, created_at=lambda _id: utcnow())
-    metrics.observe_transition(Transition(1, "k", "stub", "sending", "sent", 1, "delivered"))
+    metrics = WorkerMetrics(worker_registry)
+    metrics.observe_transition(
+        Transition(1, "k", "stub", "sending", "sent", 1, "delivered", enqueued_at=utcnow())
+    )
     metrics.observe_breaker(BreakerTransition("stub", "half_open", "open", 1, utcnow(), "redis"))
     metrics.observe_relay(1)
     names: dict[str, set[str]] = {}

@@ -67,8 +67,8 @@ class Message(models.Model):
         max_length=32, null=True
     )
     priority: models.CharField[str, str] = models.CharField(max_length=16, default="normal")
-    expires_at: models.DateTimeField[dt.datetime | None, dt.datetime | None] = (
-        models.DateTimeField(null=True)
+    expires_at: models.DateTimeField[dt.datetime | None, dt.datetime | None] = models.DateTimeField(
+        null=True
     )
 
     class Meta:
