@@ -113,20 +113,15 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
 
     attempt = row.attempts + 1
     with service.engine.begin() as conn:
-        taken = conn.execute(
-            update(messages_table)
-            .where(
-                messages_table.c.id == message_id,
-                messages_table.c.status == Status.DISPATCHED.value,
-                messages_table.c.attempts == row.attempts,
-            )
-            .values(
-                status=Status.SENDING.value,
-                attempts=attempt,
-                updated_at=now,
-                lease_expires_at=now + dt.timedelta(seconds=service.settings.send_lease),
-            )
-        ).rowcount
+        taken = _move(
+            conn,
+            message_id,
+            row.attempts,
+            Status.DISPATCHED,
+            Status.SENDING,
+            attempts=attempt,
+            lease_expires_at=now + dt.timedelta(seconds=service.settings.send_lease),
+        )
     if not taken:
         breaker.release(permit)
         return Result("skip", reason="taken by another worker")
@@ -161,23 +156,17 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
 
 def _expire(service: Service, message_id: int, key: str, provider: str, attempts: int) -> Result:
     """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
-    now = utcnow()
     with service.engine.begin() as conn:
-        done = conn.execute(
-            update(messages_table)
-            .where(
-                messages_table.c.id == message_id,
-                messages_table.c.status == Status.DISPATCHED.value,
-                messages_table.c.attempts == attempts,
-            )
-            .values(
-                status=Status.EXPIRED.value,
-                lease_expires_at=None,
-                last_error_code=EXPIRED,
-                last_error="time-to-live passed before it could be sent",
-                updated_at=now,
-            )
-        ).rowcount
+        done = _move(
+            conn,
+            message_id,
+            attempts,
+            Status.DISPATCHED,
+            Status.EXPIRED,
+            lease_expires_at=None,
+            last_error_code=EXPIRED,
+            last_error="time-to-live passed before it could be sent",
+        )
     if not done:
         return Result("skip", reason="taken by another worker")
     emit(
@@ -235,22 +224,17 @@ def _circuit_open(
         f"next try at {due.isoformat(timespec='seconds')}"
     )
     with service.engine.begin() as conn:
-        parked = conn.execute(
-            update(messages_table)
-            .where(
-                messages_table.c.id == message_id,
-                messages_table.c.status == Status.DISPATCHED.value,
-                messages_table.c.attempts == attempts,
-            )
-            .values(
-                status=Status.PENDING.value,
-                next_attempt_at=due,
-                lease_expires_at=None,
-                last_error_code=CIRCUIT_OPEN,
-                last_error=reason,
-                updated_at=now,
-            )
-        ).rowcount
+        parked = _move(
+            conn,
+            message_id,
+            attempts,
+            Status.DISPATCHED,
+            Status.PENDING,
+            next_attempt_at=due,
+            lease_expires_at=None,
+            last_error_code=CIRCUIT_OPEN,
+            last_error=reason,
+        )
     if not parked:
         return Result("skip", reason="taken by another worker")
     emit(
@@ -300,18 +284,31 @@ def _log_attempt(
     )
 
 
-def _finish(conn: Connection, msg: _Sending, status: Status, **values: object) -> bool:
-    """Move the row from ``sending`` (this attempt) to ``status``; False if someone else did."""
+def _move(
+    conn: Connection,
+    message_id: int,
+    seen_attempts: int,
+    expected: Status,
+    to: Status,
+    **values: object,
+) -> bool:
+    """The one conditional UPDATE of a worker: ``expected`` -> ``to``, only while the row is
+    where this worker saw it (status and attempt count). False: someone else moved it."""
     done = conn.execute(
         update(messages_table)
         .where(
-            messages_table.c.id == msg.id,
-            messages_table.c.status == Status.SENDING.value,
-            messages_table.c.attempts == msg.attempt,
+            messages_table.c.id == message_id,
+            messages_table.c.status == expected.value,
+            messages_table.c.attempts == seen_attempts,
         )
-        .values(status=status.value, updated_at=utcnow(), **values)
+        .values(status=to.value, updated_at=utcnow(), **values)
     ).rowcount
     return bool(done)
+
+
+def _finish(conn: Connection, msg: _Sending, status: Status, **values: object) -> bool:
+    """Move the row from ``sending`` (this attempt) to ``status``; False if someone else did."""
+    return _move(conn, msg.id, msg.attempt, Status.SENDING, status, **values)
 
 
 def _after_lookup(
@@ -487,21 +484,16 @@ def _park(
     short = delay <= max_countdown
     status = Status.DISPATCHED if short else Status.PENDING
     lease_until = due + dt.timedelta(seconds=lease) if short else None
-    done = conn.execute(
-        update(messages_table)
-        .where(
-            messages_table.c.id == message_id,
-            messages_table.c.status == Status.SENDING.value,
-            messages_table.c.attempts == attempt,
-        )
-        .values(
-            status=status.value,
-            next_attempt_at=due,
-            lease_expires_at=lease_until,
-            last_error_code=code,
-            last_error=reason,
-            updated_at=now,
-            **values,
-        )
-    ).rowcount
+    done = _move(
+        conn,
+        message_id,
+        attempt,
+        Status.SENDING,
+        status,
+        next_attempt_at=due,
+        lease_expires_at=lease_until,
+        last_error_code=code,
+        last_error=reason,
+        **values,
+    )
     return status if done else None
