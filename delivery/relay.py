@@ -26,6 +26,7 @@ from sqlalchemy import (
     update,
 )
 
+from delivery.events import Transition, emit
 from delivery.models import messages_table, utcnow
 from delivery.status import Status
 
@@ -40,6 +41,8 @@ class Claim(NamedTuple):
     id: int
     key: str
     priority: str = "normal"  # picks the queue (see the message type), not part of the task
+    provider: str = ""  # this and attempts: for the transition log, not part of the task
+    attempts: int = 0
 
 
 Publisher = Callable[[Sequence[Claim]], None]
@@ -89,9 +92,15 @@ def claim(
             updated_at=now,
             lease_expires_at=now + dt.timedelta(seconds=lease),
         )
-        .returning(messages_table.c.id, messages_table.c.key, messages_table.c.priority)
+        .returning(
+            messages_table.c.id,
+            messages_table.c.key,
+            messages_table.c.priority,
+            messages_table.c.provider,
+            messages_table.c.attempts,
+        )
     )
-    return [Claim(row.id, row.key, row.priority) for row in connection.execute(stmt)]
+    return [Claim(*row) for row in connection.execute(stmt)]
 
 
 def release(connection: Connection, claims: Sequence[Claim]) -> int:
@@ -104,6 +113,11 @@ def release(connection: Connection, claims: Sequence[Claim]) -> int:
         .values(status=Status.PENDING.value, lease_expires_at=None, updated_at=utcnow())
     )
     return connection.execute(stmt).rowcount
+
+
+def _log(claims: Sequence[Claim], old: Status, new: Status, outcome: str | None = None) -> None:
+    for c in claims:
+        emit(Transition(c.id, c.key, c.provider, old, new, c.attempts, outcome))
 
 
 def relay_once(
@@ -136,11 +150,13 @@ def relay_once(
             break
         if not claims:
             continue
+        _log(claims, Status.PENDING, Status.DISPATCHED)
         try:
             publish(claims)
         except Exception:
             with engine.begin() as connection:
                 release(connection, claims)
+            _log(claims, Status.DISPATCHED, Status.PENDING, "publish_failed")
             raise
         total += len(claims)
     if total:

@@ -26,6 +26,12 @@ from delivery.status import Status
 __all__ = ["SweepReport", "sweep"]
 
 LEASE_EXPIRED = "LEASE_EXPIRED"
+_LOGGED = (
+    messages_table.c.id,
+    messages_table.c.key,
+    messages_table.c.provider,
+    messages_table.c.attempts,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,20 +45,21 @@ class SweepReport:
 def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) -> SweepReport:
     now = now or utcnow()
     with engine.begin() as conn:
-        expired = conn.execute(
-            update(messages_table)
-            .where(
-                messages_table.c.status.in_([Status.PENDING.value, Status.DISPATCHED.value]),
-                messages_table.c.expires_at < now,
-            )
-            .values(
-                status=Status.EXPIRED.value,
-                lease_expires_at=None,
-                updated_at=now,
-                last_error_code="EXPIRED",
-                last_error="time-to-live passed before it could be sent",
-            )
-        ).rowcount
+        expired = {
+            old: conn.execute(
+                update(messages_table)
+                .where(messages_table.c.status == old.value, messages_table.c.expires_at < now)
+                .values(
+                    status=Status.EXPIRED.value,
+                    lease_expires_at=None,
+                    updated_at=now,
+                    last_error_code="EXPIRED",
+                    last_error="time-to-live passed before it could be sent",
+                )
+                .returning(*_LOGGED)
+            ).all()
+            for old in (Status.PENDING, Status.DISPATCHED)
+        }
         requeued = conn.execute(
             update(messages_table)
             .where(
@@ -60,7 +67,8 @@ def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) 
                 messages_table.c.lease_expires_at < now,
             )
             .values(status=Status.PENDING.value, lease_expires_at=None, updated_at=now)
-        ).rowcount
+            .returning(*_LOGGED)
+        ).all()
         stuck = conn.execute(
             select(
                 messages_table.c.id,
@@ -131,4 +139,32 @@ def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) 
             unknown += 1
         else:
             recovered += 1
-    return SweepReport(requeued, recovered, unknown, expired)
+    for row in requeued:
+        emit(
+            Transition(
+                row.id,
+                row.key,
+                row.provider,
+                Status.DISPATCHED,
+                Status.PENDING,
+                row.attempts,
+                "lease_expired",
+            )
+        )
+    for old, rows in expired.items():
+        for row in rows:
+            emit(
+                Transition(
+                    row.id,
+                    row.key,
+                    row.provider,
+                    old,
+                    Status.EXPIRED,
+                    row.attempts,
+                    "expired",
+                    "EXPIRED",
+                )
+            )
+    return SweepReport(
+        len(requeued), recovered, unknown, sum(len(rows) for rows in expired.values())
+    )

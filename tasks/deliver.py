@@ -95,7 +95,7 @@ def publish(claims: Sequence[Claim]) -> None:
             producer.maybe_declare(queue)
         batch = getattr(producer, "batch", None)
         with batch(max_size=max(len(claims), 1)) if batch else contextlib.nullcontext():
-            for message_id, key, priority in claims:
+            for message_id, key, priority, *_ in claims:
                 producer.publish(
                     ((message_id, key), {}, _EMBED),
                     headers={

@@ -142,3 +142,23 @@ def test_sweeper_recovers_expired_leases_by_policy(clean: Engine) -> None:
         "due-3": ("unknown", False),
         "due-4": ("unknown", False),
     }
+
+
+def test_relay_and_sweeper_log_their_transitions(clean: Engine) -> None:
+    """Every row the relay claims, and every lease the sweeper ends, is one transition event."""
+    from delivery.events import Transition, add_hook, remove_hook
+
+    seen: list[Transition] = []
+    add_hook(seen.append)
+    try:
+        add_due(clean, 3)
+        relay_once(clean, lambda claims: None, batch=10, lease=30, now=future())
+        sweep(clean, now=future() + dt.timedelta(seconds=60))
+    finally:
+        remove_hook(seen.append)
+    moves = sorted((t.key, t.from_status, t.to_status) for t in seen)
+    assert moves == sorted(
+        [(f"due-{i}", "pending", "dispatched") for i in range(3)]
+        + [(f"due-{i}", "dispatched", "pending") for i in range(3)]
+    )
+    assert {t.provider for t in seen} == {"stub"}
