@@ -37,33 +37,9 @@ from delivery.processes import ServiceProcess, worker
 from delivery.status import FINAL
 from delivery.stub_provider import StubServer
 from tests.conftest import REDIS_URL, RUN_DIR, free_port, wait_until
+from tests.factories import add
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def add(session: Session, key: str, status: str, **fields: Any) -> Message:
-    now = utcnow()
-    values: dict[str, Any] = dict(
-        key=key,
-        channel="sms",
-        provider="stub",
-        recipient="+15555550123",
-        payload={"body": "hi"},
-        payload_hash="x",
-        on_unknown="retry",
-        status=status,
-        attempts=0,
-        max_attempts=5,
-        needs_lookup=False,
-        next_attempt_at=now,
-        created_at=now,
-        updated_at=now,
-    )
-    values.update(fields)
-    message = Message(**values)
-    session.add(message)
-    session.commit()
-    return message
 
 
 def samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:

@@ -7,7 +7,6 @@ import datetime as dt
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -19,6 +18,7 @@ from delivery.cli import main
 from delivery.db import make_engine, make_sessionmaker
 from delivery.events import Transition, add_hook, remove_hook
 from delivery.models import Attempt, Message, utcnow
+from tests.factories import add
 
 RECIPIENT = "+15555550123"
 STATUSES = ["pending", "dispatched", "sending", "sent", "dead", "unknown", "cancelled", "expired"]
@@ -41,31 +41,6 @@ def session(db_url: str) -> Iterator[Session]:
     with make_sessionmaker(engine)() as session:
         yield session
     engine.dispose()
-
-
-def add(session: Session, key: str, status: str, **fields: Any) -> Message:
-    now = utcnow()
-    values: dict[str, Any] = dict(
-        key=key,
-        channel="sms",
-        provider="stub",
-        recipient=RECIPIENT,
-        payload={"body": "hi"},
-        payload_hash="x",
-        on_unknown="retry",
-        status=status,
-        attempts=0,
-        max_attempts=5,
-        needs_lookup=False,
-        next_attempt_at=now,
-        created_at=now,
-        updated_at=now,
-    )
-    values.update(fields)
-    message = Message(**values)
-    session.add(message)
-    session.commit()
-    return message
 
 
 def attempt(session: Session, message: Message, number: int = 1) -> None:

@@ -18,6 +18,7 @@ from sqlalchemy import Engine, insert, select, update
 from delivery.models import Message, messages_table, utcnow
 from delivery.relay import Claim, relay_once
 from delivery.sweeper import sweep
+from tests.factories import message_values
 
 pytestmark = pytest.mark.integration
 
@@ -32,26 +33,8 @@ def future() -> dt.datetime:
 
 def add_due(engine: Engine, n: int, **overrides: object) -> None:
     now = utcnow() + LATER
-    rows = [
-        dict(
-            key=f"due-{i}",
-            channel="sms",
-            provider="stub",
-            recipient="+12015550100",
-            payload={"body": "x"},
-            payload_hash="h",
-            on_unknown="retry",
-            status="pending",
-            attempts=0,
-            max_attempts=3,
-            needs_lookup=False,
-            next_attempt_at=now,
-            created_at=now,
-            updated_at=now,
-            **overrides,
-        )
-        for i in range(n)
-    ]
+    times = dict(next_attempt_at=now, created_at=now, updated_at=now, max_attempts=3)
+    rows = [message_values(f"due-{i}", **times, **overrides) for i in range(n)]
     with engine.begin() as conn:
         conn.execute(insert(messages_table), rows)
 

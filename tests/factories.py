@@ -1,0 +1,43 @@
+"""Outbox rows for tests that need a message in a given state without going through
+``enqueue`` (ops commands, metrics, the relay)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy.orm import Session
+
+from delivery.models import Message, utcnow
+
+RECIPIENT = "+15555550123"
+
+
+def message_values(key: str, status: str = "pending", **fields: Any) -> dict[str, Any]:
+    """Every non-null column of a message, with ``fields`` overriding the defaults."""
+    now = utcnow()
+    values: dict[str, Any] = dict(
+        key=key,
+        channel="sms",
+        provider="stub",
+        recipient=RECIPIENT,
+        payload={"body": "hi"},
+        payload_hash="x",
+        on_unknown="retry",
+        status=status,
+        attempts=0,
+        max_attempts=5,
+        needs_lookup=False,
+        next_attempt_at=now,
+        created_at=now,
+        updated_at=now,
+    )
+    values.update(fields)
+    return values
+
+
+def add(session: Session, key: str, status: str, **fields: Any) -> Message:
+    """Insert one message and commit."""
+    message = Message(**message_values(key, status, **fields))
+    session.add(message)
+    session.commit()
+    return message
