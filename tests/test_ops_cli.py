@@ -322,11 +322,20 @@ def test_watch_once_json_and_table(session: Session) -> None:
 def test_repairs_on_postgresql(clean: Engine) -> None:
     """cancel, resolve, prune and the dashboard queries work on PostgreSQL with its locking."""
     with make_sessionmaker(clean)() as session:
-        add(session, "pg-pending", "pending", created_at=ago(minutes=1))
+        # Due in an hour: the suite's live relay (if it runs) must not take these rows.
+        later = utcnow() + dt.timedelta(hours=1)
+        add(session, "pg-pending", "pending", created_at=ago(minutes=1), next_attempt_at=later)
         add(session, "pg-unknown", "unknown")
         for i in range(7):
             add(session, f"pg-old-{i}", "dead", updated_at=ago(days=60))
-        add(session, "pg-open-old", "pending", updated_at=ago(days=60), attempts=1)
+        add(
+            session,
+            "pg-open-old",
+            "pending",
+            updated_at=ago(days=60),
+            attempts=1,
+            next_attempt_at=later,
+        )
 
         assert ops.cancel(session, "pg-pending").cancelled
         assert ops.resolve(session, "pg-unknown", "dead").resolved

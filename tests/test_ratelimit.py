@@ -46,8 +46,8 @@ def test_unreachable_redis_falls_back_to_a_local_bucket() -> None:
 def rate_limited(
     tmp_path: Path, pg_engine: Engine, redis_client: redis.Redis
 ) -> Iterator[tuple[Engine, dict[str, str]]]:
-    """Its own outbox and file broker (so the suite's pipeline never sees these rows), the
-    suite's stub provider, and a config with rate_limit on the provider."""
+    """Its own outbox and broker (so the suite's pipeline never sees these rows), the suite's
+    stub provider, and a config with rate_limit on the provider."""
     name = f"{PG_DB}_rate"
     admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -68,12 +68,17 @@ kind = "http"
 base_url = "http://127.0.0.1:{STUB_PORT}"
 rate_limit = {RATE}
 
+[providers.limited.breaker]  # this test is about the rate, not about outages
+failure_threshold = 1000000
+
 [channels.sms]
 provider = "limited"
 """)
     env = {
         "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{name}",
-        "DELIVERY_BROKER_URL": "filesystem://",
+        # The suite's shared-state db doubles as this cluster's broker: the suite's worker
+        # listens on another db, and kombu's keys do not meet the rate limiter's.
+        "DELIVERY_BROKER_URL": REDIS_URL,
         "DELIVERY_REDIS_URL": REDIS_URL,
         "DELIVERY_CONFIG": str(config),
         "DELIVERY_HOME": str(tmp_path / "home"),
@@ -98,6 +103,7 @@ def test_two_workers_together_stay_within_the_rate(rate_limited, stub, monkeypat
     # This outbox has its own broker: the suite's nudge (installed when another module imports
     # tasks) would publish these rows to the suite's broker instead. The beat relay sends them.
     monkeypatch.setattr(outbox, "_nudge", None)
+    stub.reset()  # no faults left over from another test
 
     engine, overrides = rate_limited
     env = {**os.environ, **overrides}
