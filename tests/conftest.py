@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session
 
 IN_CI = os.environ.get("CI") == "true"
 # Several suites may run at once on one machine: slot N uses database delivery_test{N} and
@@ -251,3 +252,30 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         shutil.rmtree(RUN_DIR, ignore_errors=True)
     else:
         print(f"\nprocess logs kept in {RUN_DIR}")
+
+
+@pytest.fixture
+def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    """A migrated SQLite outbox that the ``delivery`` CLI (run with CliRunner) will use."""
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+
+    url = f"sqlite:///{tmp_path}/cli.sqlite3"
+    monkeypatch.setenv("DELIVERY_DATABASE_URL", url)
+    monkeypatch.delenv("DELIVERY_CONFIG", raising=False)
+    monkeypatch.delenv("DELIVERY_REDIS_URL", raising=False)
+    result = CliRunner().invoke(main, ["db", "upgrade"])
+    assert result.exit_code == 0, result.output
+    return url
+
+
+@pytest.fixture
+def session(db_url: str) -> Iterator[Session]:
+    """A session on that outbox."""
+    from delivery.db import make_engine, make_sessionmaker
+
+    engine = make_engine(db_url)
+    with make_sessionmaker(engine)() as session:
+        yield session
+    engine.dispose()

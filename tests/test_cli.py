@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -13,31 +12,12 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from delivery.cli import main
-from delivery.db import make_engine, make_sessionmaker
 from delivery.events import Transition, add_hook, remove_hook
 from delivery.models import Attempt, Message, utcnow
 from tests.factories import add
 
 RECIPIENT = "+15555550123"
 MASKED = "+1*******123"
-
-
-@pytest.fixture
-def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    url = f"sqlite:///{tmp_path}/x.sqlite3"
-    monkeypatch.setenv("DELIVERY_DATABASE_URL", url)
-    monkeypatch.delenv("DELIVERY_CONFIG", raising=False)
-    result = CliRunner().invoke(main, ["db", "upgrade"])
-    assert result.exit_code == 0, result.output
-    return url
-
-
-@pytest.fixture
-def session(db_url: str) -> Iterator[Session]:
-    engine = make_engine(db_url)
-    with make_sessionmaker(engine)() as session:
-        yield session
-    engine.dispose()
 
 
 def run(*args: str) -> Result:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from click.testing import CliRunner, Result
@@ -15,32 +13,13 @@ from sqlalchemy.orm import Session
 
 from delivery import ops
 from delivery.cli import main
-from delivery.db import make_engine, make_sessionmaker
+from delivery.db import make_sessionmaker
 from delivery.events import Transition, add_hook, remove_hook
 from delivery.models import Attempt, Message, utcnow
 from tests.factories import add
 
 RECIPIENT = "+15555550123"
 STATUSES = ["pending", "dispatched", "sending", "sent", "dead", "unknown", "cancelled", "expired"]
-
-
-@pytest.fixture
-def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    url = f"sqlite:///{tmp_path}/ops.sqlite3"
-    monkeypatch.setenv("DELIVERY_DATABASE_URL", url)
-    monkeypatch.delenv("DELIVERY_CONFIG", raising=False)
-    monkeypatch.delenv("DELIVERY_REDIS_URL", raising=False)
-    result = CliRunner().invoke(main, ["db", "upgrade"])
-    assert result.exit_code == 0, result.output
-    return url
-
-
-@pytest.fixture
-def session(db_url: str) -> Iterator[Session]:
-    engine = make_engine(db_url)
-    with make_sessionmaker(engine)() as session:
-        yield session
-    engine.dispose()
 
 
 def attempt(session: Session, message: Message, number: int = 1) -> None:
