@@ -7,9 +7,13 @@ worth. The bucket lives in a Redis hash updated by one Lua script on Redis's own
 the seconds until one will be there; the sender then waits that long without touching the
 row or spending an attempt.
 
-While Redis is unreachable each process keeps its own bucket at the full rate (logged once):
-the limit then holds per process instead of in total, and no send ever fails because of it;
-Redis is tried again every ``REDIS_RETRY`` seconds.
+While Redis is unreachable (connection refused or reset) each process keeps its own bucket
+at the full rate (logged once), starting empty so that the switch never adds a burst: the
+limit then holds per process instead of in total, and no send ever fails because of it; Redis
+is tried again every ``REDIS_RETRY`` seconds. A Redis that answers slowly (a timeout) is not
+a Redis that is down: the caller waits ``1 / rate`` s and asks again, so a loaded machine
+never sends over the shared rate; only ``TIMEOUTS_BEFORE_LOCAL`` timeouts in a row count as
+down.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ __all__ = ["RateLimiter"]
 
 log = logging.getLogger("delivery.ratelimit")
 REDIS_RETRY = 5.0  # seconds on the local bucket before Redis is tried again
+TIMEOUTS_BEFORE_LOCAL = 3  # timeouts in a row that count as Redis being down
 
 _SCRIPT = """
 local rate = tonumber(ARGV[1])
@@ -54,27 +59,40 @@ class RateLimiter:
         self._tokens, self._at = self.burst, time.monotonic()
         self._redis_down = False
         self._retry_redis_at = 0.0
+        self._timeouts = 0
 
     def acquire(self) -> float:
         """Take a token: 0.0, or the seconds to wait before asking again."""
         if self._script is not None and time.monotonic() >= self._retry_redis_at:
             try:
                 wait = float(self._script(keys=[self.key], args=[self.rate, self.burst]))
+            except redis.TimeoutError as exc:
+                self._timeouts += 1
+                if self._timeouts < TIMEOUTS_BEFORE_LOCAL:
+                    return 1.0 / self.rate  # the token may have been taken: never guess
+                self._fall_back(exc)
             except redis.RedisError as exc:
-                if not self._redis_down:
-                    log.warning(
-                        "rate limit of %s: Redis unreachable (%s); limiting per process",
-                        self.provider,
-                        exc,
-                    )
-                self._redis_down = True
-                self._retry_redis_at = time.monotonic() + REDIS_RETRY
+                self._fall_back(exc)
             else:
+                self._timeouts = 0
                 if self._redis_down:
                     log.warning("rate limit of %s: Redis is back", self.provider)
                 self._redis_down = False
                 return wait
         return self._local()
+
+    def _fall_back(self, exc: Exception) -> None:
+        if not self._redis_down:
+            with self._lock:  # the local bucket starts empty: no burst at the switch
+                self._tokens, self._at = 0.0, time.monotonic()
+            log.warning(
+                "rate limit of %s: Redis unreachable (%s); limiting per process",
+                self.provider,
+                type(exc).__name__,
+            )
+        self._redis_down = True
+        self._timeouts = 0
+        self._retry_redis_at = time.monotonic() + REDIS_RETRY
 
     def _local(self) -> float:
         with self._lock:

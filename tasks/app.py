@@ -43,19 +43,6 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
             worker_send_task_events=True,
             task_send_sent_event=True,
             result_extended=False,
-            beat_schedule={
-                "delivery-relay": {
-                    "task": "delivery.relay",
-                    "schedule": settings.relay_interval,
-                    # On the urgent queue: a backlog of sends must not hold up the relay.
-                    "options": {"expires": max(settings.relay_interval * 5, 5), "queue": URGENT},
-                },
-                "delivery-sweep": {
-                    "task": "delivery.sweep",
-                    "schedule": settings.sweep_interval,
-                    "options": {"expires": max(settings.sweep_interval * 5, 5), "queue": URGENT},
-                },
-            },
         )
         if settings.broker_url.startswith("filesystem"):
             folder = Path(settings.home, "broker")

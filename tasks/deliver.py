@@ -16,6 +16,8 @@ from tasks.app import QUEUE, QUEUES, app, service
 
 __all__ = ["DeadLettered", "deliver", "publish"]
 
+#: kombu's retry policy for one publish: about 1.5 s at most before the relay gives the rows back.
+PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 1.0}
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 
@@ -67,7 +69,10 @@ def _message_template() -> _Template:
             delivery_mode=queue.exchange.delivery_mode or app.conf.task_default_delivery_mode,
             serializer=app.conf.task_serializer,
             compression=app.conf.task_compression,
-            retry=False,
+            # A connection that died with the broker (restart, failover) is revived and the
+            # message sent again, briefly; past that the relay puts the rows back to pending.
+            retry=True,
+            retry_policy=PUBLISH_RETRY,
             reply_to=app.thread_oid,  # as apply_async sets it (unused: results are ignored)
         )
         queues = [app.amqp.queues[name] for name in QUEUES.values()]

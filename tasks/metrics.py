@@ -10,7 +10,7 @@ default ``127.0.0.1``), read when the worker starts:
   and a child's files are marked dead when it exits. Wipe the folder when the worker
   (re)starts, e.g. in the container's entrypoint.
 
-The relay batch size is observed from the ``delivery.relay`` task's return value.
+The relay batch size is observed by the relay itself (``tasks.schedule.relay_pass``).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ import logging
 import os
 from typing import Any
 
-from celery.signals import task_postrun, worker_init, worker_process_shutdown
+from celery.signals import worker_init, worker_process_shutdown
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
 from delivery.breaker import add_breaker_hook
@@ -36,12 +36,6 @@ registry = CollectorRegistry()
 metrics = WorkerMetrics(registry)
 add_hook(metrics.observe_transition)
 add_breaker_hook(metrics.observe_breaker)
-
-
-@task_postrun.connect  # type: ignore[untyped-decorator]
-def _relay_ran(sender: Any = None, retval: Any = None, **_: Any) -> None:
-    if getattr(sender, "name", None) == "delivery.relay" and isinstance(retval, int):
-        metrics.observe_relay(retval)
 
 
 @worker_init.connect  # type: ignore[untyped-decorator]

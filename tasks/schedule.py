@@ -1,26 +1,136 @@
-"""Beat tasks: ``delivery.relay`` (publish due rows) and ``delivery.sweep`` (expired leases
-and time-to-live)."""
+"""The relay and the sweeper, run by ``celery beat`` itself.
+
+``celery -A tasks beat`` starts two threads in the beat process (``beat_init``): the relay
+(publish due rows, every ``relay_interval`` s) and the sweeper (expired leases and
+time-to-live, every ``sweep_interval`` s). They talk to the database and publish to the
+broker directly, so they never wait for a free slot in a worker, never sit in a queue behind
+sends, never show in Flower, and never depend on a relay *task* reaching a worker: after the
+broker restarts or loses its state, the next tick publishes again. A failing tick (database
+or broker unreachable) is logged and the loop goes on; one error is logged with its
+traceback, repeats only once a minute.
+
+``delivery.relay`` and ``delivery.sweep`` are also Celery tasks, for running one pass by hand
+(``celery -A tasks call delivery.relay``); beat does not schedule them.
+"""
 
 from __future__ import annotations
 
+import logging
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import asdict
+from typing import Any
+
+from celery.signals import beat_init
 
 from delivery.relay import relay_once
 from delivery.sweeper import sweep as sweep_once
 from tasks.app import app, service
 from tasks.deliver import publish
+from tasks.metrics import metrics
 
-__all__ = ["relay", "sweep"]
+__all__ = ["Loop", "relay", "relay_pass", "start_loops", "sweep", "sweep_pass"]
+
+log = logging.getLogger("delivery.beat")
+
+#: A failing loop repeats its error in the log at most this often (seconds).
+ERROR_EVERY = 60.0
+
+
+def relay_pass() -> int:
+    """One relay pass: claim and publish every due row; return how many."""
+    svc = service()
+    published = relay_once(
+        svc.engine, publish, batch=svc.settings.relay_batch, lease=svc.settings.dispatch_lease
+    )
+    metrics.observe_relay(published)
+    return published
+
+
+def sweep_pass() -> dict[str, int]:
+    """One sweeper pass; return what it did per kind."""
+    return asdict(sweep_once(service().engine))
 
 
 @app.task(name="delivery.relay", ignore_result=True, acks_late=False)  # type: ignore[untyped-decorator]
 def relay() -> int:
-    svc = service()
-    return relay_once(
-        svc.engine, publish, batch=svc.settings.relay_batch, lease=svc.settings.dispatch_lease
-    )
+    return relay_pass()
 
 
 @app.task(name="delivery.sweep", ignore_result=True, acks_late=False)  # type: ignore[untyped-decorator]
 def sweep() -> dict[str, int]:
-    return asdict(sweep_once(service().engine))
+    return sweep_pass()
+
+
+class Loop(threading.Thread):
+    """Call ``step`` every ``interval`` seconds (start to start) until ``stop``; a failing
+    step is logged and the next one runs on time."""
+
+    def __init__(self, name: str, interval: float, step: Callable[[], Any]) -> None:
+        super().__init__(name=f"delivery-{name}", daemon=True)
+        self.interval, self.step = interval, step
+        self._stopped = threading.Event()
+        self._last_error: tuple[str, float] | None = None
+        self.passes = 0
+
+    def run(self) -> None:
+        delay = 0.0
+        while not self._stopped.wait(delay):
+            started = time.monotonic()
+            try:
+                self.step()
+            except Exception as exc:
+                self._failed(exc)
+            else:
+                if self._last_error is not None:
+                    log.warning("%s: recovered", self.name)
+                    self._last_error = None
+            self.passes += 1
+            delay = max(0.0, self.interval - (time.monotonic() - started))
+
+    def _failed(self, exc: Exception) -> None:
+        what, now = f"{type(exc).__name__}: {exc}"[:300], time.monotonic()
+        last = self._last_error
+        if last is None or last[0] != what or now - last[1] >= ERROR_EVERY:
+            log.error(
+                "%s failed (retrying every %g s): %s",
+                self.name,
+                self.interval,
+                what,
+                exc_info=last is None,
+            )
+            self._last_error = (what, now)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopped.set()
+        if self.is_alive() and threading.current_thread() is not self:
+            self.join(timeout)
+
+
+_loops: list[Loop] = []
+
+
+def start_loops() -> list[Loop]:
+    """Start the relay and sweeper threads of this process (once)."""
+    if not _loops:
+        settings = service().settings
+        _loops.extend(
+            [
+                Loop("relay", settings.relay_interval, relay_pass),
+                Loop("sweep", settings.sweep_interval, sweep_pass),
+            ]
+        )
+        for loop in _loops:
+            loop.start()
+        log.info(
+            "relay every %g s and sweeper every %g s running in this beat process",
+            settings.relay_interval,
+            settings.sweep_interval,
+        )
+    return _loops
+
+
+@beat_init.connect  # type: ignore[untyped-decorator]
+def _beat_started(**_: Any) -> None:
+    start_loops()

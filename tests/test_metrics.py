@@ -161,14 +161,13 @@ def test_worker_metrics_count_attempts_transitions_latency_and_breakers() -> Non
     assert get("delivery_relay_batch_size_sum") == 7
 
 
-def test_relay_task_feeds_the_batch_size_histogram() -> None:
-    """The worker wiring observes the relay task's return value as one batch."""
-    import tasks
+def test_beat_relay_pass_feeds_the_batch_size_histogram(clean: Engine) -> None:
+    """Each relay pass that beat runs observes its batch size once (an empty pass too)."""
     from tasks import metrics as worker_metrics
+    from tasks.schedule import relay_pass
 
     before = worker_metrics.registry.get_sample_value("delivery_relay_batch_size_count") or 0
-    worker_metrics._relay_ran(sender=tasks.relay, retval=12)
-    worker_metrics._relay_ran(sender=tasks.deliver, retval="sent")
+    relay_pass()
     after = worker_metrics.registry.get_sample_value("delivery_relay_batch_size_count")
     assert after == before + 1
 

@@ -36,10 +36,32 @@ def test_bucket_is_shared_between_limiters(redis_client: redis.Redis) -> None:
 
 
 def test_unreachable_redis_falls_back_to_a_local_bucket() -> None:
-    """With Redis down the limiter keeps limiting in-process and never raises."""
+    """With Redis down the limiter keeps limiting in-process at the rate and never raises;
+    its local bucket starts empty, so the switch adds no burst."""
     limiter = RateLimiter("down", 5.0, redis.Redis(port=1, socket_connect_timeout=0.2))
-    assert [limiter.acquire() for _ in range(5)] == [0.0] * 5
+    wait = limiter.acquire()
+    assert 0.0 < wait <= 0.2 + 1e-6
+    time.sleep(wait)
+    assert limiter.acquire() == 0.0
     assert limiter.acquire() > 0.0
+
+
+def test_slow_redis_makes_the_caller_wait_not_burst() -> None:
+    """A Redis that times out is not taken for down at once: the caller waits one token's
+    time (the token may have been taken), and only repeated timeouts switch to local."""
+    from delivery import ratelimit
+
+    class Slow(redis.Redis):  # type: ignore[type-arg]
+        def register_script(self, script):  # type: ignore[no-untyped-def]
+            def run(**_: object) -> None:
+                raise redis.TimeoutError("Timeout reading from socket")
+
+            return run
+
+    limiter = RateLimiter("slow", 10.0, Slow())
+    waits = [limiter.acquire() for _ in range(ratelimit.TIMEOUTS_BEFORE_LOCAL - 1)]
+    assert waits == [0.1] * (ratelimit.TIMEOUTS_BEFORE_LOCAL - 1)
+    assert limiter.acquire() > 0.0  # now local, and empty: still no burst
 
 
 @pytest.fixture
