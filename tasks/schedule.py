@@ -49,8 +49,11 @@ def relay_pass() -> int:
 
 
 def sweep_pass() -> dict[str, int]:
-    """One sweeper pass; return what it did per kind."""
-    return asdict(sweep_once(service().engine))
+    """One sweeper pass; return what it did per kind (logged when it did anything)."""
+    done = asdict(sweep_once(service().engine))
+    if any(done.values()):
+        log.info("sweeper: %s", done)
+    return done
 
 
 @app.task(name="delivery.relay", ignore_result=True, acks_late=False)  # type: ignore[untyped-decorator]
