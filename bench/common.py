@@ -39,8 +39,12 @@ SLOT = int(os.environ.get("DELIVERY_BENCH_SLOT") or os.environ.get("DELIVERY_TES
 PG_SERVER = os.environ.get("DELIVERY_BENCH_PG", "postgresql+psycopg://root@127.0.0.1:5432")
 PG_DB = f"delivery_bench{SLOT or ''}"
 PG_URL = f"{PG_SERVER}/{PG_DB}"
-BROKER_URL = f"redis://127.0.0.1:6379/{14 - 2 * SLOT}"
-REDIS_URL = f"redis://127.0.0.1:6379/{15 - 2 * SLOT}"
+# Eight slots per Redis server (two dbs each): slots 8-15 use a second server on port 6380.
+REDIS_SERVER = os.environ.get(
+    "DELIVERY_TEST_REDIS", f"redis://127.0.0.1:{6379 if SLOT < 8 else 6380}"
+)
+BROKER_URL = f"{REDIS_SERVER}/{14 - 2 * (SLOT % 8)}"
+REDIS_URL = f"{REDIS_SERVER}/{15 - 2 * (SLOT % 8)}"
 RUN_DIR = Path(tempfile.mkdtemp(prefix="delivery-bench-"))
 if os.environ.get("BENCH_KEEP_LOGS") != "1":
     atexit.register(shutil.rmtree, RUN_DIR, ignore_errors=True)
