@@ -33,6 +33,9 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
         conf: dict[str, Any] = dict(
             broker_url=settings.broker_url,
             broker_connection_retry_on_startup=True,
+            # Never wait forever for a pooled broker connection: a relay pass that could not
+            # get one gives its rows back and the next pass tries again.
+            broker_pool_acquire_timeout=5.0,
             task_default_queue=QUEUE,
             task_queues=[_queue(name) for name in QUEUES.values()],
             task_ignore_result=True,
@@ -56,7 +59,13 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
                 "store_processed": False,
             }
         if settings.broker_url.startswith(("redis", "rediss")):
-            conf["broker_transport_options"] = {"queue_order_strategy": "priority"}
+            conf["broker_transport_options"] = {
+                "queue_order_strategy": "priority",
+                # redis-py's default is no timeout at all: a half-open socket would hang a
+                # publish (and with it the relay) for good.
+                "socket_timeout": 10.0,
+                "socket_connect_timeout": 5.0,
+            }
         self.conf.update(conf)
 
 
