@@ -36,7 +36,7 @@ from bench.common import (
     vacuum,
     wait_until,
 )
-from delivery.relay import claim
+from delivery.pipeline.relay import claim
 
 INDEX = "ix_delivery_messages_due"
 

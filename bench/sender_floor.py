@@ -25,13 +25,13 @@ from typing import Any
 from sqlalchemy import bindparam, text, update
 
 from bench.common import fresh_database, insert_rows, median, report, row, session
-from delivery.models import messages_table as m
-from delivery.models import utcnow
+from delivery.pipeline.models import messages_table as m
+from delivery.pipeline.models import utcnow
+from delivery.pipeline.relay import claim
+from delivery.pipeline.sender import deliver
 from delivery.providers import Envelope
-from delivery.relay import claim
-from delivery.runtime import get_settings
-from delivery.sender import deliver
-from delivery.service import Service
+from delivery.runtime.current import get_settings
+from delivery.runtime.service import Service
 
 TAKE = (
     update(m)

@@ -8,10 +8,10 @@ from typing import Any, NamedTuple
 
 from celery import Task
 
-from delivery import outbox
-from delivery.relay import Claim, relay_once
-from delivery.runtime import get_settings
-from delivery.sender import deliver as deliver_once
+from delivery.pipeline import outbox
+from delivery.pipeline.relay import Claim, relay_once
+from delivery.pipeline.sender import deliver as deliver_once
+from delivery.runtime.current import get_settings
 from tasks.app import QUEUE, QUEUES, app, service
 
 __all__ = ["DeadLettered", "deliver", "publish"]

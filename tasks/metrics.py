@@ -22,9 +22,9 @@ from typing import Any
 from celery.signals import task_postrun, worker_init, worker_process_shutdown
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
-from delivery.breaker import add_breaker_hook
-from delivery.events import add_hook
-from delivery.metrics import WorkerMetrics, multiprocess_registry
+from delivery.guards.breaker import add_breaker_hook
+from delivery.observability.events import add_hook
+from delivery.observability.metrics import WorkerMetrics, multiprocess_registry
 
 __all__ = ["metrics", "registry"]
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from delivery.relay import relay_once
-from delivery.sweeper import sweep as sweep_once
+from delivery.pipeline.relay import relay_once
+from delivery.pipeline.sweeper import sweep as sweep_once
 from tasks.app import app, service
 from tasks.deliver import publish
 

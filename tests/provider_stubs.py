@@ -431,7 +431,7 @@ def settings_with(
     **tables: Any,
 ) -> Any:
     """Validated ``Settings`` from TOML-shaped tables (no database is opened)."""
-    from delivery.config import settings_from_mapping
+    from delivery.config.loading import settings_from_mapping
 
     data: dict[str, Any] = {"providers": dict(providers), **tables}
     if channels is not None:

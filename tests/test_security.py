@@ -26,8 +26,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.processes import stub_provider
-from delivery.stub_provider import StubClient
+from delivery.testing.processes import stub_provider
+from delivery.testing.stub_provider import StubClient
 from tests.chaos_cluster import (
     RABBITMQ_URL,
     ROOT,

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from delivery.stub_provider import StubClient, StubServer
+from delivery.testing.stub_provider import StubClient, StubServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TO = "+15551234567"
@@ -334,7 +334,7 @@ def test_cli_prints_real_port_and_exits_cleanly_on_signal(signum: signal.Signals
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "delivery.stub_provider", "--port", "0"],
+        [sys.executable, "-m", "delivery.testing.stub_provider", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

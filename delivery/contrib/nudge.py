@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine
 
-from delivery import outbox
-from delivery.db import make_engine
-from delivery.runtime import get_settings
+from delivery.pipeline import outbox
+from delivery.runtime.current import get_settings
+from delivery.runtime.db import make_engine
 
 __all__ = ["install_nudge", "installed", "nudge_after_commit"]
 

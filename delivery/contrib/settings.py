@@ -15,7 +15,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from delivery.config import Settings, load_settings, settings_from_mapping
+from delivery.config.loading import load_settings, settings_from_mapping
+from delivery.config.settings import Settings
 from delivery.errors import ConfigError
 
 __all__ = ["ENV_KEYS", "OPTIONS_KEY", "settings_from_config"]

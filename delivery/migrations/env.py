@@ -5,7 +5,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from delivery.models import Base
+from delivery.pipeline.models import Base
 
 config = context.config
 connection = config.attributes.get("connection")

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import httpx
 
-from delivery.config import ProviderConfig
-from delivery.outcomes import (
+from delivery.config.settings import ProviderConfig
+from delivery.pipeline.outcomes import (
     Absent,
     Delivered,
     Found,

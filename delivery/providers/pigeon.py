@@ -41,9 +41,9 @@ from typing import Any
 
 import httpx
 
-from delivery.config import ProviderConfig
+from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.outcomes import (
+from delivery.pipeline.outcomes import (
     Delivered,
     LookupFailed,
     LookupOutcome,
@@ -54,7 +54,7 @@ from delivery.outcomes import (
     classify_exception,
     parse_retry_after,
 )
-from delivery.policies import UnknownPolicy
+from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 
 __all__ = ["SMTP_BUDGET", "PigeonProvider", "classify"]

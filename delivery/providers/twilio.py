@@ -59,9 +59,9 @@ from urllib.parse import quote
 
 import httpx
 
-from delivery.config import ProviderConfig
+from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.outcomes import (
+from delivery.pipeline.outcomes import (
     Absent,
     Delivered,
     Found,
@@ -74,7 +74,7 @@ from delivery.outcomes import (
     classify_exception,
     parse_retry_after,
 )
-from delivery.policies import UnknownPolicy
+from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 
 __all__ = ["PERMANENT_CODES", "RETRYABLE_CODES", "TwilioProvider", "classify"]

@@ -45,9 +45,9 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
-from delivery.config import ProviderConfig
+from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.outcomes import (
+from delivery.pipeline.outcomes import (
     Delivered,
     LookupFailed,
     LookupOutcome,
@@ -57,7 +57,7 @@ from delivery.outcomes import (
     classify_exception,
     parse_retry_after,
 )
-from delivery.policies import UnknownPolicy
+from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 
 __all__ = ["STOP_HEADER", "WebhookProvider", "classify", "decode_secrets", "sign"]

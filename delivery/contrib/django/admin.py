@@ -24,8 +24,8 @@ from delivery import ops
 from delivery.contrib.django.connection import borrowed_session
 from delivery.contrib.django.models import Attempt, Message
 from delivery.contrib.nudge import nudge_after_commit
-from delivery.events import mask
-from delivery.validation import canonical_json
+from delivery.observability.events import mask
+from delivery.pipeline.validation import canonical_json
 
 __all__ = ["AttemptInline", "MessageAdmin", "cancel", "redrive"]
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import models
 
-from delivery.status import Status
+from delivery.pipeline.status import Status
 
 __all__ = ["Attempt", "Message", "PayloadField"]
 

@@ -18,19 +18,19 @@ from sqlalchemy import Engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from delivery.config import ChannelConfig, MessageType, ProviderConfig, Settings
+from delivery.config.settings import ChannelConfig, MessageType, ProviderConfig, Settings
 from delivery.errors import IdempotencyConflict, InvalidMessage
-from delivery.models import Message, utcnow
-from delivery.policies import UnknownPolicy
-from delivery.runtime import get_settings
-from delivery.status import Status
-from delivery.validation import (
+from delivery.pipeline.models import Message, utcnow
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.status import Status
+from delivery.pipeline.validation import (
     check_key,
     check_payload,
     check_recipient,
     check_send_at,
     payload_hash,
 )
+from delivery.runtime.current import get_settings
 
 __all__ = ["enqueue", "set_nudge"]
 

@@ -139,7 +139,7 @@ def stub_provider(
     argv = [
         sys.executable,
         "-m",
-        "delivery.stub_provider",
+        "delivery.testing.stub_provider",
         "--host",
         "127.0.0.1",
         "--port",

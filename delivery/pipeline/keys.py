@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from delivery.errors import InvalidMessage
-from delivery.validation import canonical_json, check_key
+from delivery.pipeline.validation import canonical_json, check_key
 
 __all__ = ["DIGEST_LENGTH", "agent_key", "key"]
 

@@ -35,10 +35,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from delivery import ops
-from delivery.breaker import Breakers, BreakerTransition
-from delivery.events import Transition
-from delivery.models import utcnow
-from delivery.status import Status
+from delivery.guards.breaker import Breakers, BreakerTransition
+from delivery.observability.events import Transition
+from delivery.pipeline.models import utcnow
+from delivery.pipeline.status import Status
 
 __all__ = [
     "BREAKER_STATES",

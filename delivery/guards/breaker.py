@@ -45,7 +45,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from delivery.config import BreakerConfig, Settings
+from delivery.config.settings import BreakerConfig, Settings
 
 __all__ = [
     "FAILURE",

@@ -20,12 +20,12 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, insert, select, update
 
-from delivery.backoff import compute_backoff
-from delivery.breaker import Permit
-from delivery.config import Backoff
-from delivery.events import Transition, emit
-from delivery.models import attempts_table, messages_table, utcnow
-from delivery.outcomes import (
+from delivery.config.settings import Backoff
+from delivery.guards.breaker import Permit
+from delivery.observability.events import Transition, emit
+from delivery.pipeline.backoff import compute_backoff
+from delivery.pipeline.models import attempts_table, messages_table, utcnow
+from delivery.pipeline.outcomes import (
     Absent,
     Delivered,
     Found,
@@ -36,10 +36,10 @@ from delivery.outcomes import (
     Retryable,
     Unknown,
 )
-from delivery.policies import UnknownPolicy
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.status import Status
 from delivery.providers import Envelope
-from delivery.service import Service
-from delivery.status import Status
+from delivery.runtime.service import Service
 
 __all__ = ["CIRCUIT_JITTER", "CIRCUIT_OPEN", "EXPIRED", "RATE_LIMITED", "Result", "deliver"]
 
