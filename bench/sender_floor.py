@@ -4,7 +4,7 @@ Celery, to tell how much of the end-to-end gap is the sender's database work.
 Three ways over the same kind of ``dispatched`` rows and the same stub, interleaved in blocks
 of 250 for ``--rounds`` rounds (the first dropped), median ms per message:
 
-- ``shipped``: ``delivery.sender.deliver`` as it is (a read in an ORM session, the
+- ``shipped``: ``delivery.pipeline.sender.deliver`` as it is (a read in an ORM session, the
   ``sending`` commit, the POST, then the attempt row and ``sent`` in a third transaction, plus
   the breaker and the transition hooks);
 - ``lean``: an experiment, not product code: the happy path in two single-statement

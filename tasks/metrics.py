@@ -1,4 +1,5 @@
-"""Worker metrics: the transition and breaker hooks feed ``delivery.metrics.WorkerMetrics``.
+"""Worker metrics: the transition and breaker hooks feed ``WorkerMetrics``
+(``delivery.observability.metrics``).
 
 Importing ``tasks`` registers the hooks in every process (they only count). A worker serves
 ``/metrics`` when ``DELIVERY_METRICS_PORT`` is set (address ``DELIVERY_METRICS_ADDR``,

@@ -35,7 +35,7 @@ from delivery.guards.breaker import (
     add_breaker_hook,
     remove_breaker_hook,
 )
-from delivery.guards.breaker import redis_client as make_client
+from delivery.guards.redis_client import redis_client as make_client
 from delivery.pipeline import outbox
 from delivery.pipeline.models import Message
 from delivery.pipeline.relay import claim

@@ -29,7 +29,8 @@ from sqlalchemy.orm import Session
 from delivery.cli import main
 from delivery.config.loading import load_settings
 from delivery.config.settings import BreakerConfig
-from delivery.guards.breaker import BreakerState, BreakerTransition, CircuitBreaker, redis_client
+from delivery.guards.breaker import BreakerState, BreakerTransition, CircuitBreaker
+from delivery.guards.redis_client import redis_client
 from delivery.observability.events import Transition, emit
 from delivery.observability.metrics import OutboxCollector, WorkerMetrics, exporter_registry
 from delivery.pipeline.models import Message, utcnow
@@ -392,7 +393,7 @@ def test_prefork_worker_serves_counters_summed_over_its_children(tmp_path: Path)
             script = (
                 "import delivery, tasks\n"
                 "from sqlalchemy.orm import Session\n"
-                "from delivery.db import make_engine\n"
+                "from delivery.runtime.db import make_engine\n"
                 "engine = make_engine(delivery.get_settings().database_url)\n"
                 "with Session(engine) as s, s.begin():\n"
                 f"    for i in range({count - 1}):\n"

@@ -328,7 +328,8 @@ def test_stop_releases_the_port() -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_cli_prints_real_port_and_exits_cleanly_on_signal(signum: signal.Signals) -> None:
-    """`python -m delivery.stub_provider --port 0` prints its URL, serves, exits 0 on signal."""
+    """`python -m delivery.testing.stub_provider --port 0` prints its URL, serves, exits 0 on
+    signal."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),

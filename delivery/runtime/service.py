@@ -11,8 +11,9 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from delivery.config.settings import Settings
-from delivery.guards.breaker import Breakers, CircuitBreaker, redis_client
+from delivery.guards.breaker import Breakers, CircuitBreaker
 from delivery.guards.ratelimit import RateLimiter
+from delivery.guards.redis_client import redis_client
 from delivery.providers import Provider, build_provider
 from delivery.runtime.db import make_engine, make_sessionmaker
 
