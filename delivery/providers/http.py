@@ -21,24 +21,20 @@ from delivery.pipeline.outcomes import (
     classify_response,
 )
 from delivery.providers.base import Envelope
+from delivery.providers.client import PooledClient
 
 __all__ = ["HttpProvider"]
 
 
-class HttpProvider:
+class HttpProvider(PooledClient):
     def __init__(self, config: ProviderConfig, transport: httpx.BaseTransport | None = None):
-        self.name = config.name
-        t = config.timeouts
-        headers = {"User-Agent": "delivery/0.1"}
         secret = config.api_key()
-        if secret:
-            headers["Authorization"] = f"Bearer {secret}"
-        self._client = httpx.Client(
+        super().__init__(
+            config,
+            transport,
             base_url=config.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+            headers={"Authorization": f"Bearer {secret}"} if secret else {},
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
-            transport=transport,
         )
 
     def send(self, envelope: Envelope) -> Outcome:
@@ -62,6 +58,3 @@ class HttpProvider:
         if isinstance(outcome, Delivered):
             return Found(outcome.provider_ref, response.status_code)
         return LookupFailed(outcome.code, outcome.reason, response.status_code)
-
-    def close(self) -> None:
-        self._client.close()

@@ -56,6 +56,7 @@ from delivery.pipeline.outcomes import (
 )
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
+from delivery.providers.client import PooledClient
 
 __all__ = ["SMTP_BUDGET", "PigeonProvider", "classify"]
 
@@ -64,7 +65,7 @@ SMTP_BUDGET = 40.0  # seconds pigeon spends on a slow SMTP server before it give
 _RETRY_STATUS = frozenset({429, 503, 504})
 
 
-class PigeonProvider:
+class PigeonProvider(PooledClient):
     """Sends email through a pigeon-compatible ``/api/send-email``; see the module docstring."""
 
     default_on_unknown = UnknownPolicy.RETRY
@@ -90,11 +91,11 @@ class PigeonProvider:
                 t.read,
                 SMTP_BUDGET,
             )
-        self._client = httpx.Client(
+        super().__init__(
+            config,
+            transport,
             base_url=config.base_url,
-            headers={"User-Agent": "delivery/0.1", "Authorization": f"Bearer {key or ''}"},
-            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
-            transport=transport,
+            headers={"Authorization": f"Bearer {key or ''}"},
         )
 
     def send(self, envelope: Envelope) -> Outcome:
@@ -112,9 +113,6 @@ class PigeonProvider:
 
     def lookup(self, envelope: Envelope) -> LookupOutcome:
         return LookupFailed("NO_LOOKUP", "pigeon has no lookup; use on_unknown = 'retry'")
-
-    def close(self) -> None:
-        self._client.close()
 
 
 def classify(response: httpx.Response) -> Outcome:

@@ -76,6 +76,7 @@ from delivery.pipeline.outcomes import (
 )
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
+from delivery.providers.client import PooledClient
 
 __all__ = ["PERMANENT_CODES", "RETRYABLE_CODES", "TwilioProvider", "classify"]
 
@@ -113,7 +114,7 @@ RETRYABLE_CODES: Mapping[int, str] = {
 }
 
 
-class TwilioProvider:
+class TwilioProvider(PooledClient):
     """Sends SMS through a Twilio-compatible Messages API; see the module docstring."""
 
     config_keys: Mapping[str, type] = {
@@ -145,7 +146,6 @@ class TwilioProvider:
             raise ConfigError("lookup_pages", "must be >= 1")
 
     def __init__(self, config: ProviderConfig, transport: httpx.BaseTransport | None = None):
-        self.name = config.name
         options = config.options
         sid = str(options["account_sid"])
         self._token_env = str(options["auth_token_env"])
@@ -159,13 +159,12 @@ class TwilioProvider:
         )
         self._window = dt.timedelta(seconds=float(options.get("lookup_window", 86400.0)))
         self._pages = int(options.get("lookup_pages", 5))
-        t = config.timeouts
-        self._client = httpx.Client(
+        super().__init__(
+            config,
+            transport,
             base_url=config.base_url,
             auth=httpx.BasicAuth(sid, token or ""),
-            headers={"User-Agent": "delivery/0.1", "Accept": "application/json"},
-            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
-            transport=transport,
+            headers={"Accept": "application/json"},
         )
 
     def send(self, envelope: Envelope) -> Outcome:
@@ -220,9 +219,6 @@ class TwilioProvider:
             "LOOKUP_TOO_MANY",
             f"more than {self._pages} pages of messages to this number inside the window",
         )
-
-    def close(self) -> None:
-        self._client.close()
 
 
 def classify(response: httpx.Response) -> Outcome:

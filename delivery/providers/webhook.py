@@ -59,6 +59,7 @@ from delivery.pipeline.outcomes import (
 )
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
+from delivery.providers.client import PooledClient
 
 __all__ = ["STOP_HEADER", "WebhookProvider", "classify", "decode_secrets", "sign"]
 
@@ -89,7 +90,7 @@ def sign(keys: list[bytes], msg_id: str, timestamp: int, body: bytes) -> str:
     )
 
 
-class WebhookProvider:
+class WebhookProvider(PooledClient):
     """POSTs signed JSON to each message's own URL; see the module docstring."""
 
     config_keys: Mapping[str, type] = {"secret_env": str}
@@ -108,7 +109,6 @@ class WebhookProvider:
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.time,
     ):
-        self.name = config.name
         self._secret_env = str(config.options["secret_env"])
         self._clock = clock
         self._problem: str | None = None
@@ -119,13 +119,7 @@ class WebhookProvider:
             self._problem = f"environment variable {self._secret_env}: {exc}"
         if not self._keys and self._problem is None:
             self._problem = f"environment variable {self._secret_env} is unset or empty"
-        t = config.timeouts
-        self._client = httpx.Client(
-            headers={"User-Agent": "delivery/0.1"},
-            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
-            follow_redirects=False,
-            transport=transport,
-        )
+        super().__init__(config, transport, follow_redirects=False)
 
     def send(self, envelope: Envelope) -> Outcome:
         if self._problem is not None:  # never send unsigned
@@ -148,9 +142,6 @@ class WebhookProvider:
 
     def lookup(self, envelope: Envelope) -> LookupOutcome:
         return LookupFailed("NO_LOOKUP", "a webhook receiver cannot be asked; use 'retry'")
-
-    def close(self) -> None:
-        self._client.close()
 
 
 def classify(response: httpx.Response) -> Outcome:
