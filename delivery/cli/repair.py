@@ -53,6 +53,7 @@ _BULK = 500
 @click.option("--json", "as_json", is_flag=True, help="A JSON list with one result per message.")
 def redrive_command(
     refs: tuple[str, ...],
+    *,
     all_dead: bool,
     since: dt.datetime | None,
     code: str | None,

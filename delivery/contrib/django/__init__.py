@@ -15,7 +15,8 @@
   log; actions *redrive* (``delivery.ops.redrive``: dead/unknown back to pending, same key)
   and *cancel* (``delivery.ops.cancel``: pending -> cancelled, a conditional UPDATE).
 
-Only ``enqueue`` is imported here; the models load when Django loads the app.
+Only ``enqueue`` is imported here; the models load when Django loads the app. May import:
+Django, ``delivery.contrib`` and the public surface of ``delivery`` (see ``delivery.contrib``).
 """
 
 from __future__ import annotations

@@ -45,8 +45,8 @@ Run it with ``python -m delivery.testing.stub_provider --port 9090`` or in-proce
 
 The package: ``answers`` (the answers and the fault knobs' validation), ``state`` (what the
 stub remembers), ``handler`` (the HTTP server and its request handler), ``server``
-(``StubServer``, ``main``), ``client`` (``StubClient``). It imports nothing of ``delivery``:
-it stands for somebody else's service.
+(``StubServer``, ``main``), ``client`` (``StubClient``). May import: nothing of ``delivery``
+(it stands for somebody else's service).
 """
 
 from __future__ import annotations
