@@ -2,7 +2,7 @@
 
 Each stub records every request and answers with the shapes the real API answers with:
 Twilio's Messages API (JSON errors ``{"code", "message", "more_info", "status"}``, message
-resources, paged lists), pigeon's ``/api/send-email`` (seed 003: ``{"emailId"}``, errors
+resources, paged lists), pigeon's ``/api/send-email`` (``{"emailId"}``, errors
 ``{"error", "code"}``, an HTML 503 from its proxy, idempotency keys) and a Standard Webhooks
 receiver that verifies signatures with its own implementation.
 

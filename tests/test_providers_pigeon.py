@@ -1,4 +1,4 @@
-"""The pigeon adapter against a stub of pigeon's /api/send-email (seed 003) over real HTTP."""
+"""The pigeon adapter against a stub of pigeon's /api/send-email over real HTTP."""
 
 from __future__ import annotations
 

@@ -63,7 +63,9 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
-    """A provider's circuit breaker (``delivery.breaker``); defaults from seed 001.
+    """A provider's circuit breaker (``delivery.guards.breaker``). The defaults open it on an
+    outage, not on a blip (five transient failures inside a minute) and probe again after
+    thirty seconds.
 
     ``failure_threshold`` transient failures inside ``window`` seconds open it; after
     ``reset_timeout`` seconds one probe may go; ``success_threshold`` probe successes close

@@ -1,10 +1,11 @@
 """The post-commit nudge, as seen from the framework integrations.
 
-The Celery app ``tasks`` installs the nudge when it is imported (``delivery.outbox.set_nudge``):
-after the caller's commit it claims the new rows and publishes their tasks at once, so a
-message does not wait for the next beat tick (the beat relay remains the safety net). The
-integrations import ``tasks`` only when asked to (``DELIVERY_NUDGE``, true by default), never
-at import time, so ``delivery`` itself stays free of Celery.
+The Celery app ``tasks`` installs the nudge when it is imported
+(``delivery.pipeline.outbox.set_nudge``): after the caller's commit it claims the new rows
+and publishes their tasks at once, so a message does not wait for the next beat tick (the
+beat relay remains the safety net). The integrations import ``tasks`` only when asked to
+(``DELIVERY_NUDGE``, true by default), never at import time, so ``delivery`` itself stays
+free of Celery.
 """
 
 from __future__ import annotations

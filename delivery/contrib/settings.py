@@ -1,6 +1,6 @@
 """``DELIVERY_*`` settings from a web framework's configuration, falling back to the environment.
 
-The keys are the environment variables of ``delivery.config`` (``DELIVERY_DATABASE_URL``,
+The keys are the environment variables of ``delivery.config.loading`` (``DELIVERY_DATABASE_URL``,
 ``DELIVERY_BROKER_URL``, ``DELIVERY_REDIS_URL``, ``DELIVERY_CONFIG``, ``DELIVERY_HOME``), read
 first from the framework's configuration, then from the environment, then from the
 framework's own database setting (``default_database_url``), so that the outbox lives in the

@@ -1,4 +1,5 @@
-"""Alembic environment: runs on the connection or URL that ``delivery.db.upgrade`` passes."""
+"""Alembic environment: runs on the connection or URL that ``delivery.runtime.db.upgrade``
+passes."""
 
 from __future__ import annotations
 

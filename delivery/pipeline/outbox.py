@@ -30,6 +30,7 @@ from delivery.pipeline.validation import (
     check_send_at,
     payload_hash,
 )
+from delivery.providers.registry import adapter_for
 from delivery.runtime.current import get_settings
 
 __all__ = ["enqueue", "set_nudge"]
@@ -143,8 +144,6 @@ def _policy(
 ) -> UnknownPolicy:
     """Explicit argument, else the type's, else the channel's (or, for a provider other than
     the channel's, that provider kind's own default: Twilio has no keys, so ``lookup``)."""
-    from delivery.providers import adapter_for
-
     if on_unknown is None:
         if kind is not None and kind.on_unknown is not None:
             return kind.on_unknown

@@ -6,7 +6,7 @@ sweeper can find. The provider's outcome then decides the next state in one tran
 together with the attempt's log row. A task for a row that is not ``dispatched``, not yet
 due, or already taken by another worker does nothing.
 
-Before taking the row, the provider's circuit breaker (``delivery.breaker``) is asked: while
+Before taking the row, the provider's circuit breaker (``delivery.guards.breaker``) is asked: while
 it is open (or half-open with its one probe taken) the row goes back to ``pending`` until the
 breaker's next probe time plus up to ``CIRCUIT_JITTER`` s, with code ``CIRCUIT_OPEN`` and no
 attempt spent. The call's outcome is then recorded in the breaker, and applied to the row by

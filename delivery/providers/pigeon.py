@@ -1,4 +1,4 @@
-"""Pigeon-style email (kind ``pigeon``; seed 003, "Reliability").
+"""Pigeon-style email (kind ``pigeon``): an email API that talks to SMTP inside the request.
 
 Wire contract:
 

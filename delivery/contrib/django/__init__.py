@@ -1,6 +1,6 @@
 """Django integration: add ``"delivery.contrib.django"`` to ``INSTALLED_APPS``.
 
-- Settings: the ``DELIVERY_*`` names of ``delivery.config`` are read from Django's settings,
+- Settings: the ``DELIVERY_*`` names of ``delivery.config.loading`` are read from Django's settings,
   then the environment (``delivery.contrib.settings``). Without ``DELIVERY_DATABASE_URL`` the
   outbox is the database of ``DATABASES[DELIVERY_DATABASE_ALIAS]`` (``"default"``), which is
   what ``enqueue`` writes through (PostgreSQL with psycopg 3 only). ``DELIVERY_NUDGE = False``

@@ -2,7 +2,7 @@
 
 Recipients are masked and payloads shown by size only, as in ``delivery show``. Nothing can
 be added, edited or deleted here: messages change only through the two actions, which keep
-to the state machine (``delivery.status``).
+to the state machine (``delivery.pipeline.status``).
 
 - *Redrive* is ``delivery.ops.redrive`` run in Django's transaction: ``dead`` or ``unknown``
   back to ``pending`` with the same key (``unknown`` ones ask the provider first).
