@@ -31,6 +31,8 @@ from delivery.errors import DeliveryError
 from delivery.pipeline.models import utcnow
 from delivery.runtime.db import make_engine, make_sessionmaker
 
+F = TypeVar("F", bound=Callable[..., Any])
+
 __all__ = [
     "DeliveryGroup",
     "age",
@@ -46,6 +48,7 @@ __all__ = [
     "parse_since",
     "progress_bar",
     "since_callback",
+    "since_option",
 ]
 
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
@@ -90,6 +93,11 @@ def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
         f"{value!r} is neither a duration (30m, 2h, 7d) nor an ISO-8601 time",
         param_hint="'--since'",
     )
+
+
+def since_option(help: str) -> Callable[[F], F]:
+    """``--since 2h|30m|7d|ISO``, parsed into an aware datetime (``parse_since``)."""
+    return click.option("--since", callback=since_callback, metavar="2h|30m|7d|ISO", help=help)
 
 
 def since_callback(
@@ -172,9 +180,6 @@ def older_than_callback(_ctx: click.Context, _param: click.Parameter, value: str
         return parse_since(value)
     except click.BadParameter as exc:
         raise click.BadParameter(exc.message, param_hint="'--older-than'") from None
-
-
-F = TypeVar("F", bound=Callable[..., Any])
 
 
 def host_port_options(port: int) -> Callable[[F], F]:

@@ -18,7 +18,7 @@ from delivery.cli.common import (
     new_console,
     new_table,
     open_session,
-    since_callback,
+    since_option,
 )
 from delivery.pipeline.models import Attempt, Message
 
@@ -75,12 +75,7 @@ def _messages_table(messages: Sequence[Message], title: str) -> Table:
 
 
 @click.command("dead")
-@click.option(
-    "--since",
-    callback=since_callback,
-    metavar="2h|30m|7d|ISO",
-    help="Only messages that died since then.",
-)
+@since_option("Only messages that died since then.")
 @click.option("--code", help="Only messages whose last error code is CODE.")
 @click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="A JSON list of messages.")

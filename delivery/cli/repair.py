@@ -18,7 +18,7 @@ from delivery.cli.common import (
     new_table,
     open_session,
     progress_bar,
-    since_callback,
+    since_option,
 )
 from delivery.errors import MessageNotFound
 
@@ -42,12 +42,7 @@ _BULK = 500
 @click.command("redrive")
 @click.argument("refs", nargs=-1, metavar="ID_OR_KEY...")
 @click.option("--all-dead", is_flag=True, help="Every dead message (filtered by --since, --code).")
-@click.option(
-    "--since",
-    callback=since_callback,
-    metavar="2h|30m|7d|ISO",
-    help="With --all-dead: died since then.",
-)
+@since_option("With --all-dead: died since then.")
 @click.option("--code", help="With --all-dead: only those whose last error code is CODE.")
 @click.option("--dry-run", is_flag=True, help="Say what would be redriven; change nothing.")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list with one result per message.")

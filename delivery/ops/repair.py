@@ -46,38 +46,36 @@ RESOLVABLE = (Status.SENT, Status.DEAD)
 
 
 @dataclass(frozen=True, slots=True)
-class RedriveResult:
-    """What ``redrive`` did with one ref. ``reason`` says why when ``redriven`` is false."""
+class _Repaired:
+    """Which message a ref named (``id``, ``key``) and the status it was found in."""
 
     ref: str
     id: int
     key: str
     from_status: str
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveResult(_Repaired):
+    """What ``redrive`` did with one ref. ``reason`` says why when ``redriven`` is false."""
+
     redriven: bool
     reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class ResolveResult:
+class ResolveResult(_Repaired):
     """What ``resolve`` did. ``resolved`` is false (with a ``reason``) unless it was unknown."""
 
-    ref: str
-    id: int
-    key: str
-    from_status: str
     to_status: str
     resolved: bool
     reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
-class CancelResult:
+class CancelResult(_Repaired):
     """What ``cancel`` did. ``too_late`` when a worker already has (or had) the message."""
 
-    ref: str
-    id: int
-    key: str
-    from_status: str
     cancelled: bool
     too_late: bool = False
     reason: str | None = None

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import Row, select, update
@@ -143,34 +144,54 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
     return after_send(service, msg, outcome, started)
 
 
-def _expire(service: Service, row: Row[Any]) -> Result:
-    """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
-    message_id, key, provider, attempts = row.id, row.key, row.provider, row.attempts
+@dataclass(frozen=True, slots=True)
+class _Leave:
+    """A ``dispatched`` row leaving without an attempt: where to, and what to log and store."""
+
+    to: Status
+    outcome: str
+    code: str
+    reason: str
+    delay: float | None = None
+
+
+def _leave_dispatched(service: Service, row: Row[Any], leave: _Leave, **values: object) -> bool:
+    """Move a row this worker never took out of ``dispatched`` (no attempt spent) and emit the
+    transition; False if someone else moved it first."""
     with service.engine.begin() as conn:
         done = move(
             conn,
-            message_id,
-            attempts,
+            row.id,
+            row.attempts,
             Status.DISPATCHED,
-            Status.EXPIRED,
+            leave.to,
             lease_expires_at=None,
-            last_error_code=EXPIRED,
-            last_error="time-to-live passed before it could be sent",
+            last_error_code=leave.code,
+            last_error=leave.reason,
+            **values,
         )
-    if not done:
+    if done:
+        emit(
+            Transition(
+                row.id,
+                row.key,
+                row.provider,
+                Status.DISPATCHED,
+                leave.to,
+                row.attempts,
+                leave.outcome,
+                leave.code,
+                leave.delay,
+            )
+        )
+    return done
+
+
+def _expire(service: Service, row: Row[Any]) -> Result:
+    """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
+    reason = "time-to-live passed before it could be sent"
+    if not _leave_dispatched(service, row, _Leave(Status.EXPIRED, "expired", EXPIRED, reason)):
         return Result(Action.SKIP, reason="taken by another worker")
-    emit(
-        Transition(
-            message_id,
-            key,
-            provider,
-            Status.DISPATCHED,
-            Status.EXPIRED,
-            attempts,
-            "expired",
-            EXPIRED,
-        )
-    )
     return Result(Action.DONE, Status.EXPIRED, code=EXPIRED)
 
 
@@ -202,7 +223,7 @@ def _rate_limited(service: Service, row: Row[Any], wait: float) -> Result:
 def _circuit_open(service: Service, row: Row[Any], permit: Permit) -> Result:
     """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
     without spending an attempt."""
-    message_id, key, provider, attempts = row.id, row.key, row.provider, row.attempts
+    provider = row.provider
     now = utcnow()
     wait = max(0.0, (permit.retry_at or 0.0) - time.time())
     wait += service.rng.uniform(0.0, CIRCUIT_JITTER)
@@ -211,31 +232,7 @@ def _circuit_open(service: Service, row: Row[Any], permit: Permit) -> Result:
         f"circuit breaker of provider {provider!r} is {permit.state}; "
         f"next try at {due.isoformat(timespec='seconds')}"
     )
-    with service.engine.begin() as conn:
-        parked = move(
-            conn,
-            message_id,
-            attempts,
-            Status.DISPATCHED,
-            Status.PENDING,
-            next_attempt_at=due,
-            lease_expires_at=None,
-            last_error_code=CIRCUIT_OPEN,
-            last_error=reason,
-        )
-    if not parked:
+    leave = _Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
+    if not _leave_dispatched(service, row, leave, next_attempt_at=due):
         return Result(Action.SKIP, reason="taken by another worker")
-    emit(
-        Transition(
-            message_id,
-            key,
-            provider,
-            Status.DISPATCHED,
-            Status.PENDING,
-            attempts,
-            "circuit_open",
-            CIRCUIT_OPEN,
-            round(wait, 3),
-        )
-    )
     return Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)

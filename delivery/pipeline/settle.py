@@ -16,24 +16,15 @@ Every move goes through ``delivery.pipeline.transitions`` and emits a ``Transiti
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import replace
 
 from sqlalchemy import Connection, update
 
 from delivery.observability.events import Transition, emit
+from delivery.pipeline import outcomes
 from delivery.pipeline.backoff import compute_backoff
 from delivery.pipeline.models import messages_table, utcnow
-from delivery.pipeline.outcomes import (
-    Absent,
-    Delivered,
-    Found,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    Permanent,
-    Retryable,
-    Unknown,
-)
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
 from delivery.pipeline.transitions import (
@@ -53,40 +44,40 @@ _CHANGED = Result(Action.SKIP, reason="row changed while sending")
 
 
 def after_lookup(
-    service: Service, msg: Sending, found: LookupOutcome, started: float
+    service: Service, msg: Sending, found: outcomes.LookupOutcome, started: float
 ) -> Result | None:
     """Apply a lookup's answer; ``None`` means the key is absent: go on and send."""
     with service.engine.begin() as conn:
         log_attempt(conn, msg, "lookup", found, started)
         match found:
-            case Found(provider_ref=ref):
+            case outcomes.Found(provider_ref=ref):
                 return _sent(conn, msg, ref, "found")
-            case Absent():
+            case outcomes.Absent():
                 conn.execute(
                     update(messages_table)
                     .where(messages_table.c.id == msg.id)
                     .values(needs_lookup=False)
                 )
                 return None
-            case LookupFailed(code=code, reason=reason):
+            case outcomes.LookupFailed(code=code, reason=reason):
                 failure = Failure(code, reason, "lookup_failed", Status.UNKNOWN)
                 return _retry_or_stop(service, conn, msg, failure)
     raise AssertionError(found)
 
 
-def after_send(service: Service, msg: Sending, outcome: Outcome, started: float) -> Result:
+def after_send(service: Service, msg: Sending, outcome: outcomes.Outcome, started: float) -> Result:
     """Apply a send's outcome (the table in the module docstring)."""
     with service.engine.begin() as conn:
         log_attempt(conn, msg, "send", outcome, started)
         match outcome:
-            case Delivered(provider_ref=ref):
+            case outcomes.Delivered(provider_ref=ref):
                 return _sent(conn, msg, ref, "delivered")
-            case Permanent(code=code, reason=reason):
+            case outcomes.Permanent(code=code, reason=reason):
                 return _stop(conn, msg, Failure(code, reason, "permanent", Status.DEAD))
-            case Retryable(code=code, reason=reason, retry_after=retry_after):
+            case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after):
                 failure = Failure(code, reason, "retryable", Status.DEAD, retry_after)
                 return _retry_or_stop(service, conn, msg, failure)
-            case Unknown(code=code, reason=reason):
+            case outcomes.Unknown(code=code, reason=reason):
                 if msg.policy is UnknownPolicy.GIVE_UP:
                     return _stop(conn, msg, Failure(code, reason, "unknown", Status.UNKNOWN))
                 lookup = msg.policy is UnknownPolicy.LOOKUP
@@ -108,18 +99,7 @@ def _sent(conn: Connection, msg: Sending, ref: str | None, outcome: str) -> Resu
         last_error_code=None,
         last_error=None,
     ):
-        emit(
-            Transition(
-                msg.id,
-                msg.key,
-                msg.provider,
-                Status.SENDING,
-                Status.SENT,
-                msg.attempt,
-                outcome,
-                enqueued_at=msg.enqueued_at,
-            )
-        )
+        _emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
         return Result(Action.DONE, Status.SENT)
     return _CHANGED
 
@@ -135,18 +115,7 @@ def _stop(conn: Connection, msg: Sending, failure: Failure) -> Result:
         last_error_code=code[:64],
         last_error=failure.reason,
     ):
-        emit(
-            Transition(
-                msg.id,
-                msg.key,
-                msg.provider,
-                Status.SENDING,
-                status,
-                msg.attempt,
-                failure.outcome,
-                code,
-            )
-        )
+        _emit(msg, status, failure.outcome, code)
         return Result(Action.DONE, status, code=code, reason=failure.reason)
     return _CHANGED
 
@@ -160,18 +129,32 @@ def _retry_or_stop(service: Service, conn: Connection, msg: Sending, failure: Fa
     status = park(conn, msg, delay, service.settings, failure)
     if status is None:
         return _CHANGED
+    _emit(msg, status, failure.outcome, failure.code, round(delay, 3))
+    action = Action.RETRY if status is Status.DISPATCHED else Action.PARKED
+    return Result(action, status, delay, failure.code, failure.reason)
+
+
+def _emit(
+    msg: Sending,
+    to: Status,
+    outcome: str,
+    code: str | None = None,
+    delay: float | None = None,
+    *,
+    enqueued_at: dt.datetime | None = None,
+) -> None:
+    """The transition of this attempt's ``sending`` row to ``to``."""
     emit(
         Transition(
             msg.id,
             msg.key,
             msg.provider,
             Status.SENDING,
-            status,
+            to,
             msg.attempt,
-            failure.outcome,
-            failure.code,
-            round(delay, 3),
+            outcome,
+            code,
+            delay,
+            enqueued_at,
         )
     )
-    action = Action.RETRY if status is Status.DISPATCHED else Action.PARKED
-    return Result(action, status, delay, failure.code, failure.reason)

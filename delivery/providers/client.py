@@ -3,17 +3,19 @@
 Every adapter of this package sends over one ``httpx.Client`` built from its
 ``ProviderConfig``: per-phase timeouts (``[timeouts]``, ``[providers.NAME.timeouts]``), our
 ``User-Agent``, an injectable transport (tests pass ``httpx.MockTransport``), and whatever the
-wire protocol adds (a base URL, auth, headers, connection limits). ``close`` releases its
-connections; ``Service.close`` calls it.
+wire protocol adds (a base URL, auth, headers, connection limits). ``_post`` sends and maps
+the result to an outcome; ``close`` releases its connections (``Service.close`` calls it).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import httpx
 
 from delivery.config.settings import ProviderConfig, Timeouts
+from delivery.pipeline.outcomes import Outcome, classify_exception
 
 __all__ = ["USER_AGENT", "PooledClient", "timeout"]
 
@@ -45,6 +47,17 @@ class PooledClient:
             transport=transport,
             **options,
         )
+
+    def _post(
+        self, classify: Callable[[httpx.Response], Outcome], url: str, **request: Any
+    ) -> Outcome:
+        """POST and map the result: a transport error through ``classify_exception`` (the one
+        mapping point), an answer through the adapter's ``classify``."""
+        try:
+            response = self._client.post(url, **request)
+        except httpx.HTTPError as exc:
+            return classify_exception(exc)
+        return classify(response)
 
     def close(self) -> None:
         self._client.close()

@@ -10,16 +10,7 @@ from __future__ import annotations
 import httpx
 
 from delivery.config.settings import ProviderConfig
-from delivery.pipeline.outcomes import (
-    Absent,
-    Delivered,
-    Found,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    classify_exception,
-    classify_response,
-)
+from delivery.pipeline import outcomes
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
 
@@ -37,24 +28,19 @@ class HttpProvider(PooledClient):
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
         )
 
-    def send(self, envelope: Envelope) -> Outcome:
+    def send(self, envelope: Envelope) -> outcomes.Outcome:
         body = {"to": envelope.to, **envelope.payload}
-        try:
-            response = self._client.post(
-                "/v1/messages", json=body, headers={"Idempotency-Key": envelope.key}
-            )
-        except httpx.HTTPError as exc:
-            return classify_exception(exc)
-        return classify_response(response)
+        headers = {"Idempotency-Key": envelope.key}
+        return self._post(outcomes.classify_response, "/v1/messages", json=body, headers=headers)
 
-    def lookup(self, envelope: Envelope) -> LookupOutcome:
+    def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
         try:
             response = self._client.get("/v1/messages", params={"idempotency_key": envelope.key})
         except httpx.HTTPError as exc:
-            return LookupFailed(classify_exception(exc).code, str(exc)[:500])
+            return outcomes.LookupFailed(outcomes.classify_exception(exc).code, str(exc)[:500])
         if response.status_code == 404:
-            return Absent()
-        outcome = classify_response(response)
-        if isinstance(outcome, Delivered):
-            return Found(outcome.provider_ref, response.status_code)
-        return LookupFailed(outcome.code, outcome.reason, response.status_code)
+            return outcomes.Absent()
+        outcome = outcomes.classify_response(response)
+        if isinstance(outcome, outcomes.Delivered):
+            return outcomes.Found(outcome.provider_ref, response.status_code)
+        return outcomes.LookupFailed(outcome.code, outcome.reason, response.status_code)

@@ -43,17 +43,7 @@ import httpx
 
 from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.pipeline.outcomes import (
-    Delivered,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    Permanent,
-    Retryable,
-    Unknown,
-    classify_exception,
-    parse_retry_after,
-)
+from delivery.pipeline import outcomes
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
@@ -98,24 +88,19 @@ class PigeonProvider(PooledClient):
             headers={"Authorization": f"Bearer {key or ''}"},
         )
 
-    def send(self, envelope: Envelope) -> Outcome:
+    def send(self, envelope: Envelope) -> outcomes.Outcome:
         if not self._has_key:
-            return Permanent("NO_CREDENTIALS", f"environment variable {self._key_env} is unset")
-        try:
-            response = self._client.post(
-                "/api/send-email",
-                json=_body(envelope),
-                headers={"Idempotency-Key": envelope.key},
+            return outcomes.Permanent(
+                "NO_CREDENTIALS", f"environment variable {self._key_env} is unset"
             )
-        except httpx.HTTPError as exc:
-            return classify_exception(exc)
-        return classify(response)
+        headers = {"Idempotency-Key": envelope.key}
+        return self._post(classify, "/api/send-email", json=_body(envelope), headers=headers)
 
-    def lookup(self, envelope: Envelope) -> LookupOutcome:
-        return LookupFailed("NO_LOOKUP", "pigeon has no lookup; use on_unknown = 'retry'")
+    def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
+        return outcomes.LookupFailed("NO_LOOKUP", "pigeon has no lookup; use on_unknown = 'retry'")
 
 
-def classify(response: httpx.Response) -> Outcome:
+def classify(response: httpx.Response) -> outcomes.Outcome:
     """Map one answer of ``/api/send-email`` to an outcome (the module docstring's rules)."""
     status = response.status_code
     try:
@@ -126,8 +111,8 @@ def classify(response: httpx.Response) -> Outcome:
     if 200 <= status < 300:
         email_id = fields.get("emailId")
         if email_id is not None and email_id != "":
-            return Delivered(str(email_id), status)
-        return Unknown("NO_PROVIDER_REF", f"HTTP {status} without an emailId", status)
+            return outcomes.Delivered(str(email_id), status)
+        return outcomes.Unknown("NO_PROVIDER_REF", f"HTTP {status} without an emailId", status)
     code = str(fields.get("code") or f"HTTP_{status}")
     if fields.get("error"):
         reason = str(fields["error"])[:500]
@@ -140,10 +125,10 @@ def classify(response: httpx.Response) -> Outcome:
         or (status == 409 and code == "IDEMPOTENCY_IN_PROGRESS")
     )
     if retry:
-        return Retryable(
-            code, reason, status, parse_retry_after(response.headers.get("retry-after"))
+        return outcomes.Retryable(
+            code, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
         )
-    return Permanent(code, reason, status)
+    return outcomes.Permanent(code, reason, status)
 
 
 def _body(envelope: Envelope) -> dict[str, Any]:

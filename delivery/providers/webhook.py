@@ -47,16 +47,7 @@ import httpx
 
 from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.pipeline.outcomes import (
-    Delivered,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    Permanent,
-    Retryable,
-    classify_exception,
-    parse_retry_after,
-)
+from delivery.pipeline import outcomes
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
@@ -121,9 +112,9 @@ class WebhookProvider(PooledClient):
             self._problem = f"environment variable {self._secret_env} is unset or empty"
         super().__init__(config, transport, follow_redirects=False)
 
-    def send(self, envelope: Envelope) -> Outcome:
+    def send(self, envelope: Envelope) -> outcomes.Outcome:
         if self._problem is not None:  # never send unsigned
-            return Permanent("NO_CREDENTIALS", self._problem)
+            return outcomes.Permanent("NO_CREDENTIALS", self._problem)
         body = json.dumps(
             envelope.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         ).encode()
@@ -134,29 +125,30 @@ class WebhookProvider(PooledClient):
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(self._keys, envelope.key, timestamp, body),
         }
-        try:
-            response = self._client.post(envelope.to, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            return classify_exception(exc)
-        return classify(response)
+        return self._post(classify, envelope.to, content=body, headers=headers)
 
-    def lookup(self, envelope: Envelope) -> LookupOutcome:
-        return LookupFailed("NO_LOOKUP", "a webhook receiver cannot be asked; use 'retry'")
+    def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
+        return outcomes.LookupFailed("NO_LOOKUP", "a webhook receiver cannot be asked; use 'retry'")
 
 
-def classify(response: httpx.Response) -> Outcome:
+def classify(response: httpx.Response) -> outcomes.Outcome:
     """Map a receiver's answer to an outcome (the table in the module docstring)."""
     status = response.status_code
     if 200 <= status < 300:
-        return Delivered(None, status)
+        return outcomes.Delivered(None, status)
     text = response.text[:200].strip() if response.content else ""
     reason = f"HTTP {status} {response.reason_phrase}" + (f": {text}" if text else "")
     if response.headers.get(STOP_HEADER, "").strip().lower() in ("true", "1"):
-        return Permanent("RECEIVER_STOPPED", f"receiver sent {STOP_HEADER}; {reason}", status)
-    if status == 410:
-        return Permanent("GONE", reason, status)
-    if status in _RETRY_STATUS or (status >= 500 and status != 501):
-        return Retryable(
-            f"HTTP_{status}", reason, status, parse_retry_after(response.headers.get("retry-after"))
+        return outcomes.Permanent(
+            "RECEIVER_STOPPED", f"receiver sent {STOP_HEADER}; {reason}", status
         )
-    return Permanent(f"HTTP_{status}", reason, status)
+    if status == 410:
+        return outcomes.Permanent("GONE", reason, status)
+    if status in _RETRY_STATUS or (status >= 500 and status != 501):
+        return outcomes.Retryable(
+            f"HTTP_{status}",
+            reason,
+            status,
+            outcomes.parse_retry_after(response.headers.get("retry-after")),
+        )
+    return outcomes.Permanent(f"HTTP_{status}", reason, status)
