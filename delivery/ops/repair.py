@@ -124,17 +124,7 @@ def _redrive(session: Session, messages: Sequence[tuple[str, Message]]) -> list[
             reason = f"message changed to {message.status} while redriving; nothing done"
             results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
             continue
-        emit(
-            Transition(
-                message.id,
-                message.key,
-                message.provider,
-                previous,
-                Status.PENDING.value,
-                0,
-                outcome="redrive",
-            )
-        )
+        _emit(message, previous, Status.PENDING, "redrive")
         results.append(RedriveResult(ref, message.id, message.key, previous, True))
     return results
 
@@ -162,17 +152,7 @@ def resolve(session: Session, ref: str, to_status: Status | str) -> ResolveResul
     if not done:
         reason = f"message changed to {message.status} while resolving; nothing done"
         return ResolveResult(ref, message.id, message.key, previous, target.value, False, reason)
-    emit(
-        Transition(
-            message.id,
-            message.key,
-            message.provider,
-            previous,
-            target.value,
-            message.attempts,
-            outcome="resolve",
-        )
-    )
+    _emit(message, previous, target, "resolve")
     return ResolveResult(ref, message.id, message.key, previous, target.value, True)
 
 
@@ -198,17 +178,7 @@ def cancel(session: Session, ref: str) -> CancelResult:
     if not _conditional(session, message, Status.PENDING, values):
         reason = f"too late: message changed to {message.status} while cancelling"
         return CancelResult(ref, message.id, message.key, previous, False, True, reason)
-    emit(
-        Transition(
-            message.id,
-            message.key,
-            message.provider,
-            previous,
-            Status.CANCELLED.value,
-            message.attempts,
-            outcome="cancel",
-        )
-    )
+    _emit(message, previous, Status.CANCELLED, "cancel")
     return CancelResult(ref, message.id, message.key, previous, True)
 
 
@@ -233,3 +203,18 @@ def _conditional(
     done = cast(CursorResult[Any], session.execute(statement)).rowcount
     session.refresh(message)
     return bool(done)
+
+
+def _emit(message: Message, previous: str, to: Status, outcome: str) -> None:
+    """The transition of a repair (the message is refreshed: its attempts are the new ones)."""
+    emit(
+        Transition(
+            message.id,
+            message.key,
+            message.provider,
+            previous,
+            to.value,
+            message.attempts,
+            outcome=outcome,
+        )
+    )
