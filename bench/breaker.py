@@ -5,7 +5,7 @@ drain time after recovery.
 ``--outage`` seconds (60); then it recovers. Two runs, each on a fresh outbox and Redis, with
 one worker (threads, 8) and beat, default backoff (base 1 s, cap 300 s) and 8 attempts:
 
-- ``with``: seed 001's breaker (5 failures in 60 s open it, ``--reset-timeout`` 30 s, 2 probe
+- ``with``: the default breaker (5 failures in 60 s open it, ``--reset-timeout`` 30 s, 2 probe
   successes close it);
 - ``without``: ``failure_threshold = 1000000000``, so the breaker never opens.
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # also runnable as ``python bench/chaos.py``
     sys.path.insert(0, str(ROOT))
 
-from delivery.config import load_settings  # noqa: E402
+from delivery.config.loading import load_settings  # noqa: E402
 from tests import chaos  # noqa: E402
 from tests import test_bad_input as bad  # noqa: E402
 from tests.chaos_cluster import RABBITMQ_URL, ChaosConfig, Cluster, PrivatePostgres  # noqa: E402

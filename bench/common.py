@@ -113,7 +113,7 @@ def fresh_database() -> Any:
     business table ``bench_orders``; return an engine."""
     from sqlalchemy import create_engine, text
 
-    from delivery.db import make_engine, upgrade
+    from delivery.runtime.db import make_engine, upgrade
 
     admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -163,14 +163,14 @@ class Processes:
     stops them, newest first."""
 
     def __init__(self) -> None:
-        from delivery.processes import ServiceProcess
+        from delivery.testing.processes import ServiceProcess
 
         self._procs: list[ServiceProcess] = []
 
     def stub(self) -> Any:
         """Start the stub provider as its own process; return a ``StubClient`` for it."""
-        from delivery.processes import stub_provider
-        from delivery.stub_provider import StubClient
+        from delivery.testing.processes import stub_provider
+        from delivery.testing.stub_provider import StubClient
 
         self._procs.append(stub_provider(RUN_DIR / "stub.log", STUB_PORT, cwd=ROOT).start())
         return StubClient(STUB_URL)
@@ -186,7 +186,7 @@ class Processes:
     ) -> Any:
         """A celery worker for ``app`` (``tasks`` or ``bench.celery_alone``), logging at
         WARNING so that both paths pay the same (small) logging cost."""
-        from delivery.processes import ServiceProcess
+        from delivery.testing.processes import ServiceProcess
 
         argv = [
             sys.executable,
@@ -214,7 +214,7 @@ class Processes:
         return proc
 
     def beat(self) -> Any:
-        from delivery.processes import beat
+        from delivery.testing.processes import beat
 
         proc = beat(RUN_DIR / "beat.log", RUN_DIR / "beat-schedule", cwd=ROOT)
         self._procs.append(proc.start())

@@ -45,8 +45,8 @@ from bench.common import (
     wait_until,
 )
 from delivery import enqueue
-from delivery.db import make_engine
-from delivery.models import Message
+from delivery.pipeline.models import Message
+from delivery.runtime.db import make_engine
 
 
 def to(i: int) -> str:

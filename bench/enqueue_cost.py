@@ -27,9 +27,10 @@ from sqlalchemy.orm import Session
 
 import tasks  # noqa: F401  (installs the post-commit nudge in this process)
 from bench.common import Order, fresh_database, log, median, report, row, session, truncate
-from delivery import enqueue, outbox
-from delivery.models import messages_table, utcnow
-from delivery.validation import check_key, check_payload, check_recipient, payload_hash
+from delivery import enqueue
+from delivery.pipeline import outbox
+from delivery.pipeline.models import messages_table, utcnow
+from delivery.pipeline.validation import check_key, check_payload, check_recipient, payload_hash
 
 
 class Counter:

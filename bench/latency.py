@@ -31,7 +31,8 @@ from bench.common import (
     truncate,
     wait_until,
 )
-from delivery import enqueue, outbox
+from delivery import enqueue
+from delivery.pipeline import outbox
 
 
 def steady(

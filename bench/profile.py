@@ -33,13 +33,23 @@ PROFILES = ROOT / "bench" / "profiles"
 # (component, markers): the first component with a marker in the stack wins, checked in order.
 COMPONENTS: list[tuple[str, tuple[str, ...]]] = [
     ("HTTP to the provider (httpx)", ("providers/http.py", "celery_alone.py:send", "httpx/")),
-    ("circuit breaker (Redis)", ("delivery/breaker.py",)),
-    ("metrics hooks (Prometheus, created_at lookups)", ("delivery/metrics.py", "tasks/metrics.py")),
-    ("transition events / logging", ("delivery/events.py", "logging/")),
+    ("circuit breaker (Redis)", ("delivery/guards/breaker",)),
+    (
+        "metrics hooks (Prometheus, created_at lookups)",
+        ("delivery/observability/metrics.py", "tasks/metrics.py"),
+    ),
+    ("transition events / logging", ("delivery/observability/events.py", "logging/")),
     ("post-commit nudge (claim + publish)", ("tasks/deliver.py:_nudge", "_nudge (tasks/deliver")),
-    ("enqueue (outbox insert, validation)", ("delivery/outbox.py",)),
+    ("enqueue (outbox insert, validation)", ("delivery/pipeline/outbox.py",)),
     ("database (SQLAlchemy + psycopg)", ("sqlalchemy/", "psycopg/")),
-    ("delivery.sender other", ("delivery/sender.py",)),
+    (
+        "delivery.pipeline.sender other",
+        (
+            "delivery/pipeline/sender.py",
+            "delivery/pipeline/settle.py",
+            "delivery/pipeline/transitions.py",
+        ),
+    ),
     ("Celery / kombu / redis (task protocol, broker, events)", ("celery/", "kombu/", "redis/")),
 ]
 

@@ -36,7 +36,7 @@ from bench.common import (
     truncate,
     vacuum,
 )
-from delivery.relay import Claim, relay_once
+from delivery.pipeline.relay import Claim, relay_once
 from tasks.app import QUEUE, app
 from tasks.deliver import deliver, publish
 

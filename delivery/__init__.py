@@ -6,7 +6,8 @@ sends it so that it takes effect once, is never lost, and can be repaired by ops
 
 from __future__ import annotations
 
-from delivery.config import Settings, load_settings
+from delivery.config.loading import load_settings
+from delivery.config.settings import Settings
 from delivery.errors import (
     ConfigError,
     DeliveryError,
@@ -14,13 +15,13 @@ from delivery.errors import (
     InvalidMessage,
     MessageNotFound,
 )
-from delivery.events import Transition, add_hook
-from delivery.keys import agent_key, key
-from delivery.models import Attempt, Message
-from delivery.outbox import enqueue
-from delivery.policies import UnknownPolicy
-from delivery.runtime import configure, get_settings
-from delivery.status import Status
+from delivery.observability.events import Transition, add_hook
+from delivery.pipeline.keys import agent_key, key
+from delivery.pipeline.models import Attempt, Message
+from delivery.pipeline.outbox import enqueue
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.status import Status
+from delivery.runtime.current import configure, get_settings
 
 __all__ = [
     "Attempt",

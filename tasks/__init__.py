@@ -1,7 +1,7 @@
 """The Celery app: ``celery -A tasks worker``, ``celery -A tasks beat``, ``celery -A tasks flower``.
 
 Thin by design: each task calls one function of ``delivery``. Settings come from the
-environment when Celery first reads its configuration (``DELIVERY_*``, see delivery.config).
+environment when Celery first reads its configuration (``DELIVERY_*``, see delivery.config.loading).
 """
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ from celery import Celery
 from celery.signals import worker_process_init
 from kombu.entity import Queue
 
-from delivery.runtime import get_settings
-from delivery.service import Service
+from delivery.runtime.current import get_settings
+from delivery.runtime.service import Service
 
 __all__ = ["BULK", "QUEUE", "QUEUES", "URGENT", "DeliveryCelery", "app", "service"]
 

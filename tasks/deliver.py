@@ -8,10 +8,11 @@ from typing import Any, NamedTuple
 
 from celery import Task
 
-from delivery import outbox
-from delivery.relay import Claim, relay_once
-from delivery.runtime import get_settings
-from delivery.sender import deliver as deliver_once
+from delivery.pipeline import outbox
+from delivery.pipeline.relay import Claim, relay_once
+from delivery.pipeline.sender import Action
+from delivery.pipeline.sender import deliver as deliver_once
+from delivery.runtime.current import get_settings
 from tasks.app import QUEUE, QUEUES, app, service
 
 __all__ = ["DeadLettered", "deliver", "publish"]
@@ -30,9 +31,9 @@ class DeadLettered(Exception):
 def deliver(self: Task, message_id: int, key: str) -> str:
     """Carries only the message id and key (no recipient, no body): guarantee G6."""
     result = deliver_once(service(), message_id, key)
-    if result.action == "retry" and result.delay is not None:
+    if result.action is Action.RETRY and result.delay is not None:
         raise self.retry(countdown=result.delay, max_retries=None)
-    if result.action == "done" and result.status in ("dead", "unknown"):
+    if result.action is Action.DONE and result.status in ("dead", "unknown"):
         where = (
             "in the dead-letter status (dead)"
             if result.status == "dead"
@@ -42,7 +43,7 @@ def deliver(self: Task, message_id: int, key: str) -> str:
             f"{result.code}: {result.reason} -> message {message_id} is {where}; "
             f"delivery show {key!r}, delivery redrive to send it again"
         )
-    return result.status or result.action
+    return result.status or result.action.value
 
 
 class _Template(NamedTuple):

@@ -1,4 +1,5 @@
-"""Worker metrics: the transition and breaker hooks feed ``delivery.metrics.WorkerMetrics``.
+"""Worker metrics: the transition and breaker hooks feed ``WorkerMetrics``
+(``delivery.observability.metrics``).
 
 Importing ``tasks`` registers the hooks in every process (they only count). A worker serves
 ``/metrics`` when ``DELIVERY_METRICS_PORT`` is set (address ``DELIVERY_METRICS_ADDR``,
@@ -22,9 +23,9 @@ from typing import Any
 from celery.signals import worker_init, worker_process_shutdown
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
-from delivery.breaker import add_breaker_hook
-from delivery.events import add_hook
-from delivery.metrics import WorkerMetrics, multiprocess_registry
+from delivery.guards.breaker import add_breaker_hook
+from delivery.observability.events import add_hook
+from delivery.observability.metrics import WorkerMetrics, multiprocess_registry
 
 __all__ = ["metrics", "registry"]
 

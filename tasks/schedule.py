@@ -24,8 +24,8 @@ from typing import Any
 
 from celery.signals import beat_init
 
-from delivery.relay import relay_once
-from delivery.sweeper import sweep as sweep_once
+from delivery.pipeline.relay import relay_once
+from delivery.pipeline.sweeper import sweep as sweep_once
 from tasks.app import app, service
 from tasks.deliver import publish
 from tasks.metrics import metrics

@@ -28,9 +28,9 @@ from typing import Any
 
 from sqlalchemy import text
 
-from delivery.config import Settings
-from delivery.models import utcnow
-from delivery.status import FINAL
+from delivery.config.settings import Settings
+from delivery.pipeline.models import utcnow
+from delivery.pipeline.status import FINAL
 from tests.chaos_cluster import ChaosConfig, Cluster, Feeder, Pipeline, overrides, wait_until
 
 __all__ = ["SCENARIOS", "Report", "Scenario"]

@@ -27,12 +27,13 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery import outbox
-from delivery.config import ProviderConfig, Settings, load_settings
-from delivery.db import make_engine, upgrade
-from delivery.processes import ServiceProcess, beat, stub_provider, worker
-from delivery.status import FINAL
-from delivery.stub_provider import StubClient
+from delivery.config.loading import load_settings
+from delivery.config.settings import ProviderConfig, Settings
+from delivery.pipeline import outbox
+from delivery.pipeline.status import FINAL
+from delivery.runtime.db import make_engine, upgrade
+from delivery.testing.processes import ServiceProcess, beat, stub_provider, worker
+from delivery.testing.stub_provider import StubClient
 from tests.faultproxy import FaultProxy
 
 __all__ = [

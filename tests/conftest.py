@@ -124,7 +124,7 @@ def pg_engine() -> Iterator[Engine]:
         admin.dispose()
     except Exception as exc:
         need("PostgreSQL", exc)
-    from delivery.db import make_engine, upgrade
+    from delivery.runtime.db import make_engine, upgrade
 
     engine = make_engine(PG_URL)
     with engine.begin() as conn:
@@ -176,8 +176,8 @@ def flush_broker() -> None:
 
 @pytest.fixture(scope="session")
 def stub(pg_engine: Engine):  # type: ignore[no-untyped-def]
-    from delivery.processes import stub_provider
-    from delivery.stub_provider import StubClient
+    from delivery.testing.processes import stub_provider
+    from delivery.testing.stub_provider import StubClient
 
     process = stub_provider(RUN_DIR / "stub.log", STUB_PORT).start()
     client = StubClient(f"http://127.0.0.1:{STUB_PORT}")
@@ -188,7 +188,7 @@ def stub(pg_engine: Engine):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def pipeline(pg_engine: Engine, broker_ready: None, stub):  # type: ignore[no-untyped-def]
     """A running celery worker and celery beat against the suite's database and broker."""
-    from delivery.processes import beat, worker
+    from delivery.testing.processes import beat, worker
 
     flush_broker()
     procs = [
@@ -233,7 +233,7 @@ def counts(engine: Engine) -> dict[str, int]:
 
 def drained(engine: Engine, total: int, timeout: float = 90.0) -> dict[str, int]:
     """Wait until all ``total`` messages are in a final status; return the counts."""
-    from delivery.status import FINAL
+    from delivery.pipeline.status import FINAL
 
     final = tuple(FINAL)
 
@@ -277,7 +277,7 @@ def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
 @pytest.fixture
 def session(db_url: str) -> Iterator[Session]:
     """A session on that outbox."""
-    from delivery.db import make_engine, make_sessionmaker
+    from delivery.runtime.db import make_engine, make_sessionmaker
 
     engine = make_engine(db_url)
     with make_sessionmaker(engine)() as session:

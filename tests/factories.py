@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from delivery.models import Message, utcnow
+from delivery.pipeline.models import Message, utcnow
 
 RECIPIENT = "+15555550123"
 

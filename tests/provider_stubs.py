@@ -2,7 +2,7 @@
 
 Each stub records every request and answers with the shapes the real API answers with:
 Twilio's Messages API (JSON errors ``{"code", "message", "more_info", "status"}``, message
-resources, paged lists), pigeon's ``/api/send-email`` (seed 003: ``{"emailId"}``, errors
+resources, paged lists), pigeon's ``/api/send-email`` (``{"emailId"}``, errors
 ``{"error", "code"}``, an HTML 503 from its proxy, idempotency keys) and a Standard Webhooks
 receiver that verifies signatures with its own implementation.
 
@@ -431,7 +431,7 @@ def settings_with(
     **tables: Any,
 ) -> Any:
     """Validated ``Settings`` from TOML-shaped tables (no database is opened)."""
-    from delivery.config import settings_from_mapping
+    from delivery.config.loading import settings_from_mapping
 
     data: dict[str, Any] = {"providers": dict(providers), **tables}
     if channels is not None:

@@ -25,9 +25,10 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.config import Settings, load_settings
+from delivery.config.loading import load_settings
+from delivery.config.settings import Settings
 from delivery.errors import ConfigError, DeliveryError, IdempotencyConflict, InvalidMessage
-from delivery.models import Attempt, Message
+from delivery.pipeline.models import Attempt, Message
 from tests.chaos_cluster import ChaosConfig, Cluster, ServiceMissing
 
 SMS: dict[str, Any] = dict(channel="sms", to="+12015550123", payload={"body": "hello"})

@@ -25,24 +25,25 @@ from click.testing import CliRunner
 from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.orm import Session
 
-from delivery import outbox
-from delivery.breaker import (
+from delivery.cli import main
+from delivery.config.loading import load_settings, settings_from_mapping
+from delivery.config.settings import BreakerConfig, Settings
+from delivery.errors import ConfigError
+from delivery.guards.breaker import (
     HALF_OPEN_POLL,
     CircuitBreaker,
     add_breaker_hook,
     remove_breaker_hook,
 )
-from delivery.breaker import redis_client as make_client
-from delivery.cli import main
-from delivery.config import BreakerConfig, Settings, load_settings, settings_from_mapping
-from delivery.db import make_engine, upgrade
-from delivery.errors import ConfigError
-from delivery.models import Message
-from delivery.processes import ServiceProcess, beat, stub_provider, worker
-from delivery.relay import claim
-from delivery.sender import CIRCUIT_OPEN, deliver
-from delivery.service import Service
-from delivery.stub_provider import StubClient, StubServer
+from delivery.guards.redis_client import redis_client as make_client
+from delivery.pipeline import outbox
+from delivery.pipeline.models import Message
+from delivery.pipeline.relay import claim
+from delivery.pipeline.sender import CIRCUIT_OPEN, deliver
+from delivery.runtime.db import make_engine, upgrade
+from delivery.runtime.service import Service
+from delivery.testing.processes import ServiceProcess, beat, stub_provider, worker
+from delivery.testing.stub_provider import StubClient, StubServer
 from tests.conftest import PG_SERVER, REDIS_URL, SLOT, drained, free_port, wait_until
 
 # ---------------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ import click
 import pytest
 import yaml
 
-from delivery.config import load_settings
+from delivery.config.loading import load_settings
 from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -35,7 +35,7 @@ import delivery
 from delivery.contrib.django import enqueue
 from delivery.contrib.django import models as django_models
 from delivery.contrib.django.connection import sqlalchemy_url
-from delivery.models import Attempt, Message
+from delivery.pipeline.models import Attempt, Message
 from tests.conftest import PG_URL, drained
 
 pytestmark = pytest.mark.integration

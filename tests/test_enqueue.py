@@ -12,10 +12,10 @@ from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.config import load_settings
-from delivery.db import make_engine, upgrade
+from delivery.config.loading import load_settings
 from delivery.errors import ConfigError, IdempotencyConflict, InvalidMessage
-from delivery.models import Message
+from delivery.pipeline.models import Message
+from delivery.runtime.db import make_engine, upgrade
 
 SMS = dict(channel="sms", to="+12015550123", payload={"body": "hello"})
 

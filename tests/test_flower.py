@@ -22,9 +22,10 @@ from sqlalchemy.orm import Session
 
 import delivery
 import tasks  # noqa: F401  (installs the post-commit nudge in this process)
-from delivery.breaker import CircuitBreaker, redis_client
-from delivery.config import BreakerConfig
-from delivery.processes import ServiceProcess
+from delivery.config.settings import BreakerConfig
+from delivery.guards.breaker import CircuitBreaker
+from delivery.guards.redis_client import redis_client
+from delivery.testing.processes import ServiceProcess
 from tests.conftest import REDIS_URL, RUN_DIR, drained, free_port, wait_until
 
 pytestmark = pytest.mark.integration

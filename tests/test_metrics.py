@@ -26,16 +26,18 @@ from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import Engine, func, select
 from sqlalchemy.orm import Session
 
-from delivery.breaker import BreakerState, BreakerTransition, CircuitBreaker, redis_client
 from delivery.cli import main
-from delivery.config import BreakerConfig, load_settings
-from delivery.db import make_engine, make_sessionmaker, upgrade
-from delivery.events import Transition, emit
-from delivery.metrics import OutboxCollector, WorkerMetrics, exporter_registry
-from delivery.models import Message, utcnow
-from delivery.processes import ServiceProcess, worker
-from delivery.status import FINAL
-from delivery.stub_provider import StubServer
+from delivery.config.loading import load_settings
+from delivery.config.settings import BreakerConfig
+from delivery.guards.breaker import BreakerState, BreakerTransition, CircuitBreaker
+from delivery.guards.redis_client import redis_client
+from delivery.observability.events import Transition, emit
+from delivery.observability.metrics import OutboxCollector, WorkerMetrics, exporter_registry
+from delivery.pipeline.models import Message, utcnow
+from delivery.pipeline.status import FINAL
+from delivery.runtime.db import make_engine, make_sessionmaker, upgrade
+from delivery.testing.processes import ServiceProcess, worker
+from delivery.testing.stub_provider import StubServer
 from tests.conftest import REDIS_URL, RUN_DIR, free_port, wait_until
 from tests.factories import add
 
@@ -390,7 +392,7 @@ def test_prefork_worker_serves_counters_summed_over_its_children(tmp_path: Path)
             script = (
                 "import delivery, tasks\n"
                 "from sqlalchemy.orm import Session\n"
-                "from delivery.db import make_engine\n"
+                "from delivery.runtime.db import make_engine\n"
                 "engine = make_engine(delivery.get_settings().database_url)\n"
                 "with Session(engine) as s, s.begin():\n"
                 f"    for i in range({count - 1}):\n"

@@ -11,9 +11,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from delivery.backoff import compute_backoff
-from delivery.config import Backoff
-from delivery.outcomes import (
+from delivery.config.settings import Backoff
+from delivery.pipeline.backoff import compute_backoff
+from delivery.pipeline.outcomes import (
     Delivered,
     Permanent,
     Retryable,

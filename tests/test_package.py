@@ -9,8 +9,8 @@ from pathlib import Path
 from sqlalchemy import inspect
 
 import delivery
-from delivery.db import make_engine, upgrade
-from delivery.models import Base
+from delivery.pipeline.models import Base
+from delivery.runtime.db import make_engine, upgrade
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 import delivery
 import tasks  # noqa: F401  (installs the post-commit nudge in this process)
-from delivery.models import Attempt, Message
+from delivery.pipeline.models import Attempt, Message
 from tests.conftest import counts, drained
 
 pytestmark = pytest.mark.integration
@@ -133,8 +133,8 @@ def test_give_up_policy_parks_unknown_with_at_most_one_effect(live: Engine, stub
 
 def test_task_for_a_finished_message_does_nothing(live: Engine, stub) -> None:  # type: ignore[no-untyped-def]
     """A duplicate deliver task for a sent message is a no-op: no second request."""
-    from delivery.sender import deliver
-    from delivery.service import Service
+    from delivery.pipeline.sender import deliver
+    from delivery.runtime.service import Service
 
     with Session(live) as session, session.begin():
         message = delivery.enqueue(
@@ -155,7 +155,7 @@ def test_task_for_a_finished_message_does_nothing(live: Engine, stub) -> None:  
 
 def test_commit_nudge_publishes_at_once(live: Engine, stub, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Right after commit the nudge has claimed the new rows: no wait for the beat tick."""
-    from delivery import outbox
+    from delivery.pipeline import outbox
 
     seen: list[list[int]] = []
     real = outbox._nudge

@@ -22,10 +22,11 @@ from sqlalchemy import Engine, create_engine, select, text
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.config import Settings, load_settings
-from delivery.db import make_engine, upgrade
-from delivery.models import Attempt, Message
-from delivery.processes import ServiceProcess, beat, worker
+from delivery.config.loading import load_settings
+from delivery.config.settings import Settings
+from delivery.pipeline.models import Attempt, Message
+from delivery.runtime.db import make_engine, upgrade
+from delivery.testing.processes import ServiceProcess, beat, worker
 from tests.conftest import PG_DB, PG_SERVER, RUN_DIR, need, wait_until
 from tests.provider_stubs import PIGEON_503_HTML, PigeonStub, Reply, TwilioStub, WebhookReceiver
 

@@ -1,4 +1,4 @@
-"""The pigeon adapter against a stub of pigeon's /api/send-email (seed 003) over real HTTP."""
+"""The pigeon adapter against a stub of pigeon's /api/send-email over real HTTP."""
 
 from __future__ import annotations
 
@@ -10,8 +10,15 @@ from typing import Any
 import pytest
 
 from delivery.errors import ConfigError
-from delivery.outcomes import Delivered, LookupFailed, Outcome, Permanent, Retryable, Unknown
-from delivery.policies import UnknownPolicy
+from delivery.pipeline.outcomes import (
+    Delivered,
+    LookupFailed,
+    Outcome,
+    Permanent,
+    Retryable,
+    Unknown,
+)
+from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers import Envelope
 from tests.conftest import wait_until
 from tests.provider_stubs import (

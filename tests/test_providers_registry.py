@@ -10,10 +10,10 @@ from typing import Any
 
 import pytest
 
-from delivery.config import ProviderConfig
+from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.outcomes import Delivered, LookupFailed, Permanent, Retryable
-from delivery.policies import UnknownPolicy
+from delivery.pipeline.outcomes import Delivered, LookupFailed, Permanent, Retryable
+from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers import REGISTRY, Envelope, TwilioProvider, build_provider
 from tests.provider_stubs import Reply, StubServer, settings_with
 

@@ -11,7 +11,15 @@ from typing import Any
 
 import pytest
 
-from delivery.outcomes import Absent, Delivered, Found, LookupFailed, Permanent, Retryable, Unknown
+from delivery.pipeline.outcomes import (
+    Absent,
+    Delivered,
+    Found,
+    LookupFailed,
+    Permanent,
+    Retryable,
+    Unknown,
+)
 from delivery.providers import Envelope
 from tests.provider_stubs import Reply, TwilioStub, provider_from, twilio_error
 

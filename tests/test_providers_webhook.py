@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from delivery.errors import ConfigError
-from delivery.outcomes import Delivered, LookupFailed, Permanent, Retryable, Unknown
+from delivery.pipeline.outcomes import Delivered, LookupFailed, Permanent, Retryable, Unknown
 from delivery.providers import Envelope
 from delivery.providers.webhook import decode_secrets, sign
 from tests.provider_stubs import Reply, WebhookReceiver, provider_from, verify_standard_webhook

@@ -12,10 +12,10 @@ from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.config import load_settings
-from delivery.db import make_engine, upgrade
-from delivery.processes import beat, worker
-from delivery.ratelimit import RateLimiter
+from delivery.config.loading import load_settings
+from delivery.guards.ratelimit import RateLimiter
+from delivery.runtime.db import make_engine, upgrade
+from delivery.testing.processes import beat, worker
 from tests.conftest import PG_DB, PG_SERVER, REDIS_URL, RUN_DIR, STUB_PORT, drained
 
 pytestmark = pytest.mark.integration
@@ -120,7 +120,7 @@ def test_two_workers_together_stay_within_the_rate(rate_limited, stub, monkeypat
     rate_limit (after the one-second burst), and every message is sent once."""
     import os
 
-    from delivery import outbox
+    from delivery.pipeline import outbox
 
     # This outbox has its own broker: the suite's nudge (installed when another module imports
     # tasks) would publish these rows to the suite's broker instead. The beat relay sends them.

@@ -15,9 +15,9 @@ from collections.abc import Sequence
 import pytest
 from sqlalchemy import Engine, insert, select, update
 
-from delivery.models import Message, messages_table, utcnow
-from delivery.relay import Claim, relay_once
-from delivery.sweeper import sweep
+from delivery.pipeline.models import Message, messages_table, utcnow
+from delivery.pipeline.relay import Claim, relay_once
+from delivery.pipeline.sweeper import sweep
 from tests.factories import message_values
 
 pytestmark = pytest.mark.integration
@@ -129,7 +129,7 @@ def test_sweeper_recovers_expired_leases_by_policy(clean: Engine) -> None:
 
 def test_relay_and_sweeper_log_their_transitions(clean: Engine) -> None:
     """Every row the relay claims, and every lease the sweeper ends, is one transition event."""
-    from delivery.events import Transition, add_hook, remove_hook
+    from delivery.observability.events import Transition, add_hook, remove_hook
 
     seen: list[Transition] = []
     add_hook(seen.append)

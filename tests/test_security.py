@@ -26,8 +26,8 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.processes import stub_provider
-from delivery.stub_provider import StubClient
+from delivery.testing.processes import stub_provider
+from delivery.testing.stub_provider import StubClient
 from tests.chaos_cluster import (
     RABBITMQ_URL,
     ROOT,
@@ -138,8 +138,8 @@ def _enqueue(cluster: Cluster, settings: delivery.Settings, messages: list[dict[
 
 
 def _relay(env: dict[str, str]) -> int:
-    """Run the real relay (``delivery.relay``'s function) once, in a process configured like
-    beat's worker: it claims the due rows and publishes their tasks to the broker."""
+    """Run the real relay (``delivery.pipeline.relay``'s function) once, in a process configured
+    like beat's worker: it claims the due rows and publishes their tasks to the broker."""
     done = subprocess.run(
         [sys.executable, "-c", RELAY], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60
     )

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
-from delivery.stub_provider import StubClient, StubServer
+from delivery.testing.stub_provider import StubClient, StubServer
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 TO = "+15551234567"
@@ -328,13 +328,14 @@ def test_stop_releases_the_port() -> None:
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["TERM", "INT"])
 def test_cli_prints_real_port_and_exits_cleanly_on_signal(signum: signal.Signals) -> None:
-    """`python -m delivery.stub_provider --port 0` prints its URL, serves, exits 0 on signal."""
+    """`python -m delivery.testing.stub_provider --port 0` prints its URL, serves, exits 0 on
+    signal."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(REPO_ROOT), os.environ.get("PYTHONPATH", "")]),
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "delivery.stub_provider", "--port", "0"],
+        [sys.executable, "-m", "delivery.testing.stub_provider", "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -11,11 +11,11 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.config import load_settings
-from delivery.db import make_engine, upgrade
+from delivery.config.loading import load_settings
 from delivery.errors import ConfigError, InvalidMessage
-from delivery.models import Message, utcnow
-from delivery.sweeper import sweep
+from delivery.pipeline.models import Message, utcnow
+from delivery.pipeline.sweeper import sweep
+from delivery.runtime.db import make_engine, upgrade
 from tests.conftest import drained
 
 SMS = dict(to="+12015550123", payload={"body": "482901"})

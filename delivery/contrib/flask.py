@@ -30,10 +30,10 @@ from typing import Any
 
 from flask import Flask
 
-from delivery.config import Settings
+from delivery.config.settings import Settings
 from delivery.contrib.nudge import install_nudge
 from delivery.contrib.settings import settings_from_config
-from delivery.runtime import configure
+from delivery.runtime.current import configure
 
 __all__ = ["Delivery"]
 

@@ -1,10 +1,11 @@
 """The post-commit nudge, as seen from the framework integrations.
 
-The Celery app ``tasks`` installs the nudge when it is imported (``delivery.outbox.set_nudge``):
-after the caller's commit it claims the new rows and publishes their tasks at once, so a
-message does not wait for the next beat tick (the beat relay remains the safety net). The
-integrations import ``tasks`` only when asked to (``DELIVERY_NUDGE``, true by default), never
-at import time, so ``delivery`` itself stays free of Celery.
+The Celery app ``tasks`` installs the nudge when it is imported
+(``delivery.pipeline.outbox.set_nudge``): after the caller's commit it claims the new rows
+and publishes their tasks at once, so a message does not wait for the next beat tick (the
+beat relay remains the safety net). The integrations import ``tasks`` only when asked to
+(``DELIVERY_NUDGE``, true by default), never at import time, so ``delivery`` itself stays
+free of Celery.
 """
 
 from __future__ import annotations
@@ -16,9 +17,9 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine
 
-from delivery import outbox
-from delivery.db import make_engine
-from delivery.runtime import get_settings
+from delivery.pipeline import outbox
+from delivery.runtime.current import get_settings
+from delivery.runtime.db import make_engine
 
 __all__ = ["install_nudge", "installed", "nudge_after_commit"]
 

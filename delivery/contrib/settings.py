@@ -1,6 +1,6 @@
 """``DELIVERY_*`` settings from a web framework's configuration, falling back to the environment.
 
-The keys are the environment variables of ``delivery.config`` (``DELIVERY_DATABASE_URL``,
+The keys are the environment variables of ``delivery.config.loading`` (``DELIVERY_DATABASE_URL``,
 ``DELIVERY_BROKER_URL``, ``DELIVERY_REDIS_URL``, ``DELIVERY_CONFIG``, ``DELIVERY_HOME``), read
 first from the framework's configuration, then from the environment, then from the
 framework's own database setting (``default_database_url``), so that the outbox lives in the
@@ -15,7 +15,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from delivery.config import Settings, load_settings, settings_from_mapping
+from delivery.config.loading import load_settings, settings_from_mapping
+from delivery.config.settings import Settings
 from delivery.errors import ConfigError
 
 __all__ = ["ENV_KEYS", "OPTIONS_KEY", "settings_from_config"]

@@ -1,11 +1,12 @@
-"""Alembic environment: runs on the connection or URL that ``delivery.db.upgrade`` passes."""
+"""Alembic environment: runs on the connection or URL that ``delivery.runtime.db.upgrade``
+passes."""
 
 from __future__ import annotations
 
 from alembic import context
 from sqlalchemy import create_engine
 
-from delivery.models import Base
+from delivery.pipeline.models import Base
 
 config = context.config
 connection = config.attributes.get("connection")

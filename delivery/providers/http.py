@@ -9,59 +9,38 @@ from __future__ import annotations
 
 import httpx
 
-from delivery.config import ProviderConfig
-from delivery.outcomes import (
-    Absent,
-    Delivered,
-    Found,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    classify_exception,
-    classify_response,
-)
+from delivery.config.settings import ProviderConfig
+from delivery.pipeline import outcomes
 from delivery.providers.base import Envelope
+from delivery.providers.client import PooledClient
 
 __all__ = ["HttpProvider"]
 
 
-class HttpProvider:
+class HttpProvider(PooledClient):
     def __init__(self, config: ProviderConfig, transport: httpx.BaseTransport | None = None):
-        self.name = config.name
-        t = config.timeouts
-        headers = {"User-Agent": "delivery/0.1"}
         secret = config.api_key()
-        if secret:
-            headers["Authorization"] = f"Bearer {secret}"
-        self._client = httpx.Client(
+        super().__init__(
+            config,
+            transport,
             base_url=config.base_url,
-            headers=headers,
-            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
+            headers={"Authorization": f"Bearer {secret}"} if secret else {},
             limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
-            transport=transport,
         )
 
-    def send(self, envelope: Envelope) -> Outcome:
+    def send(self, envelope: Envelope) -> outcomes.Outcome:
         body = {"to": envelope.to, **envelope.payload}
-        try:
-            response = self._client.post(
-                "/v1/messages", json=body, headers={"Idempotency-Key": envelope.key}
-            )
-        except httpx.HTTPError as exc:
-            return classify_exception(exc)
-        return classify_response(response)
+        headers = {"Idempotency-Key": envelope.key}
+        return self._post(outcomes.classify_response, "/v1/messages", json=body, headers=headers)
 
-    def lookup(self, envelope: Envelope) -> LookupOutcome:
+    def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
         try:
             response = self._client.get("/v1/messages", params={"idempotency_key": envelope.key})
         except httpx.HTTPError as exc:
-            return LookupFailed(classify_exception(exc).code, str(exc)[:500])
+            return outcomes.LookupFailed(outcomes.classify_exception(exc).code, str(exc)[:500])
         if response.status_code == 404:
-            return Absent()
-        outcome = classify_response(response)
-        if isinstance(outcome, Delivered):
-            return Found(outcome.provider_ref, response.status_code)
-        return LookupFailed(outcome.code, outcome.reason, response.status_code)
-
-    def close(self) -> None:
-        self._client.close()
+            return outcomes.Absent()
+        outcome = outcomes.classify_response(response)
+        if isinstance(outcome, outcomes.Delivered):
+            return outcomes.Found(outcome.provider_ref, response.status_code)
+        return outcomes.LookupFailed(outcome.code, outcome.reason, response.status_code)

@@ -1,4 +1,4 @@
-"""Pigeon-style email (kind ``pigeon``; seed 003, "Reliability").
+"""Pigeon-style email (kind ``pigeon``): an email API that talks to SMTP inside the request.
 
 Wire contract:
 
@@ -41,21 +41,12 @@ from typing import Any
 
 import httpx
 
-from delivery.config import ProviderConfig
+from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.outcomes import (
-    Delivered,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    Permanent,
-    Retryable,
-    Unknown,
-    classify_exception,
-    parse_retry_after,
-)
-from delivery.policies import UnknownPolicy
+from delivery.pipeline import outcomes
+from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
+from delivery.providers.client import PooledClient
 
 __all__ = ["SMTP_BUDGET", "PigeonProvider", "classify"]
 
@@ -64,7 +55,7 @@ SMTP_BUDGET = 40.0  # seconds pigeon spends on a slow SMTP server before it give
 _RETRY_STATUS = frozenset({429, 503, 504})
 
 
-class PigeonProvider:
+class PigeonProvider(PooledClient):
     """Sends email through a pigeon-compatible ``/api/send-email``; see the module docstring."""
 
     default_on_unknown = UnknownPolicy.RETRY
@@ -90,34 +81,26 @@ class PigeonProvider:
                 t.read,
                 SMTP_BUDGET,
             )
-        self._client = httpx.Client(
+        super().__init__(
+            config,
+            transport,
             base_url=config.base_url,
-            headers={"User-Agent": "delivery/0.1", "Authorization": f"Bearer {key or ''}"},
-            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
-            transport=transport,
+            headers={"Authorization": f"Bearer {key or ''}"},
         )
 
-    def send(self, envelope: Envelope) -> Outcome:
+    def send(self, envelope: Envelope) -> outcomes.Outcome:
         if not self._has_key:
-            return Permanent("NO_CREDENTIALS", f"environment variable {self._key_env} is unset")
-        try:
-            response = self._client.post(
-                "/api/send-email",
-                json=_body(envelope),
-                headers={"Idempotency-Key": envelope.key},
+            return outcomes.Permanent(
+                "NO_CREDENTIALS", f"environment variable {self._key_env} is unset"
             )
-        except httpx.HTTPError as exc:
-            return classify_exception(exc)
-        return classify(response)
+        headers = {"Idempotency-Key": envelope.key}
+        return self._post(classify, "/api/send-email", json=_body(envelope), headers=headers)
 
-    def lookup(self, envelope: Envelope) -> LookupOutcome:
-        return LookupFailed("NO_LOOKUP", "pigeon has no lookup; use on_unknown = 'retry'")
-
-    def close(self) -> None:
-        self._client.close()
+    def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
+        return outcomes.LookupFailed("NO_LOOKUP", "pigeon has no lookup; use on_unknown = 'retry'")
 
 
-def classify(response: httpx.Response) -> Outcome:
+def classify(response: httpx.Response) -> outcomes.Outcome:
     """Map one answer of ``/api/send-email`` to an outcome (the module docstring's rules)."""
     status = response.status_code
     try:
@@ -128,8 +111,8 @@ def classify(response: httpx.Response) -> Outcome:
     if 200 <= status < 300:
         email_id = fields.get("emailId")
         if email_id is not None and email_id != "":
-            return Delivered(str(email_id), status)
-        return Unknown("NO_PROVIDER_REF", f"HTTP {status} without an emailId", status)
+            return outcomes.Delivered(str(email_id), status)
+        return outcomes.Unknown("NO_PROVIDER_REF", f"HTTP {status} without an emailId", status)
     code = str(fields.get("code") or f"HTTP_{status}")
     if fields.get("error"):
         reason = str(fields["error"])[:500]
@@ -142,10 +125,10 @@ def classify(response: httpx.Response) -> Outcome:
         or (status == 409 and code == "IDEMPOTENCY_IN_PROGRESS")
     )
     if retry:
-        return Retryable(
-            code, reason, status, parse_retry_after(response.headers.get("retry-after"))
+        return outcomes.Retryable(
+            code, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
         )
-    return Permanent(code, reason, status)
+    return outcomes.Permanent(code, reason, status)
 
 
 def _body(envelope: Envelope) -> dict[str, Any]:

@@ -59,23 +59,12 @@ from urllib.parse import quote
 
 import httpx
 
-from delivery.config import ProviderConfig
+from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.outcomes import (
-    Absent,
-    Delivered,
-    Found,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    Permanent,
-    Retryable,
-    Unknown,
-    classify_exception,
-    parse_retry_after,
-)
-from delivery.policies import UnknownPolicy
+from delivery.pipeline import outcomes
+from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
+from delivery.providers.client import PooledClient
 
 __all__ = ["PERMANENT_CODES", "RETRYABLE_CODES", "TwilioProvider", "classify"]
 
@@ -113,7 +102,7 @@ RETRYABLE_CODES: Mapping[int, str] = {
 }
 
 
-class TwilioProvider:
+class TwilioProvider(PooledClient):
     """Sends SMS through a Twilio-compatible Messages API; see the module docstring."""
 
     config_keys: Mapping[str, type] = {
@@ -145,7 +134,6 @@ class TwilioProvider:
             raise ConfigError("lookup_pages", "must be >= 1")
 
     def __init__(self, config: ProviderConfig, transport: httpx.BaseTransport | None = None):
-        self.name = config.name
         options = config.options
         sid = str(options["account_sid"])
         self._token_env = str(options["auth_token_env"])
@@ -159,32 +147,29 @@ class TwilioProvider:
         )
         self._window = dt.timedelta(seconds=float(options.get("lookup_window", 86400.0)))
         self._pages = int(options.get("lookup_pages", 5))
-        t = config.timeouts
-        self._client = httpx.Client(
+        super().__init__(
+            config,
+            transport,
             base_url=config.base_url,
             auth=httpx.BasicAuth(sid, token or ""),
-            headers={"User-Agent": "delivery/0.1", "Accept": "application/json"},
-            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
-            transport=transport,
+            headers={"Accept": "application/json"},
         )
 
-    def send(self, envelope: Envelope) -> Outcome:
+    def send(self, envelope: Envelope) -> outcomes.Outcome:
         if not self._has_token:
-            return Permanent("NO_CREDENTIALS", f"environment variable {self._token_env} is unset")
+            return outcomes.Permanent(
+                "NO_CREDENTIALS", f"environment variable {self._token_env} is unset"
+            )
         body = envelope.payload.get("body")
         if not isinstance(body, str) or not body:
-            return Permanent("PAYLOAD_INVALID", "a Twilio SMS needs a non-empty 'body'")
+            return outcomes.Permanent("PAYLOAD_INVALID", "a Twilio SMS needs a non-empty 'body'")
         form = {"To": envelope.to, **self._sender, "Body": body}
-        try:
-            response = self._client.post(self._path, data=form)
-        except httpx.HTTPError as exc:
-            return classify_exception(exc)
-        return classify(response)
+        return self._post(classify, self._path, data=form)
 
-    def lookup(self, envelope: Envelope) -> LookupOutcome:
+    def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
         """Find our message by recipient, sender, body and time window (see the docstring)."""
         if not self._has_token:
-            return LookupFailed(
+            return outcomes.LookupFailed(
                 "NO_CREDENTIALS", f"environment variable {self._token_env} is unset"
             )
         body = str(envelope.payload.get("body", ""))
@@ -198,42 +183,39 @@ class TwilioProvider:
             try:
                 response = self._client.get(url, params=query)
             except httpx.HTTPError as exc:
-                return LookupFailed(classify_exception(exc).code, str(exc)[:500])
+                return outcomes.LookupFailed(outcomes.classify_exception(exc).code, str(exc)[:500])
             page = _json(response)
             if response.status_code != 200 or not isinstance(page, dict):
                 outcome = classify(response)
                 code = getattr(outcome, "code", f"HTTP_{response.status_code}")
-                return LookupFailed(
+                return outcomes.LookupFailed(
                     code, f"list query: {getattr(outcome, 'reason', '')}", response.status_code
                 )
             for message in page.get("messages") or []:
                 created = _date(message.get("date_created"))
                 if created is not None and created < since:
-                    return Absent(response.status_code)
+                    return outcomes.Absent(response.status_code)
                 if _ours(message, envelope.to, body) and message.get("sid"):
-                    return Found(str(message["sid"]), response.status_code)
+                    return outcomes.Found(str(message["sid"]), response.status_code)
             next_uri = page.get("next_page_uri")
             if not next_uri:
-                return Absent(response.status_code)
+                return outcomes.Absent(response.status_code)
             url, query = str(next_uri), None
-        return LookupFailed(
+        return outcomes.LookupFailed(
             "LOOKUP_TOO_MANY",
             f"more than {self._pages} pages of messages to this number inside the window",
         )
 
-    def close(self) -> None:
-        self._client.close()
 
-
-def classify(response: httpx.Response) -> Outcome:
+def classify(response: httpx.Response) -> outcomes.Outcome:
     """Map one answer of the Messages API to an outcome (the table in the module docstring)."""
     status = response.status_code
     body = _json(response)
     if 200 <= status < 300:
         sid = body.get("sid") if isinstance(body, dict) else None
         if sid:
-            return Delivered(str(sid), status)
-        return Unknown("NO_PROVIDER_REF", f"HTTP {status} without a message sid", status)
+            return outcomes.Delivered(str(sid), status)
+        return outcomes.Unknown("NO_PROVIDER_REF", f"HTTP {status} without a message sid", status)
     raw = body.get("code") if isinstance(body, dict) else None
     code = int(raw) if isinstance(raw, int) or (isinstance(raw, str) and raw.isdigit()) else None
     name = str(code) if code is not None else f"HTTP_{status}"
@@ -244,12 +226,12 @@ def classify(response: httpx.Response) -> Outcome:
         else (PERMANENT_CODES.get(code or 0) or f"HTTP {status} {response.reason_phrase}")
     )
     if code in PERMANENT_CODES:
-        return Permanent(name, reason, status)
+        return outcomes.Permanent(name, reason, status)
     if code in RETRYABLE_CODES or status in (408, 429) or (status >= 500 and status != 501):
-        return Retryable(
-            name, reason, status, parse_retry_after(response.headers.get("retry-after"))
+        return outcomes.Retryable(
+            name, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
         )
-    return Permanent(name, reason, status)
+    return outcomes.Permanent(name, reason, status)
 
 
 def _ours(message: Mapping[str, Any], to: str, body: str) -> bool:

@@ -45,20 +45,12 @@ from collections.abc import Callable, Mapping
 
 import httpx
 
-from delivery.config import ProviderConfig
+from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.outcomes import (
-    Delivered,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    Permanent,
-    Retryable,
-    classify_exception,
-    parse_retry_after,
-)
-from delivery.policies import UnknownPolicy
+from delivery.pipeline import outcomes
+from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
+from delivery.providers.client import PooledClient
 
 __all__ = ["STOP_HEADER", "WebhookProvider", "classify", "decode_secrets", "sign"]
 
@@ -89,7 +81,7 @@ def sign(keys: list[bytes], msg_id: str, timestamp: int, body: bytes) -> str:
     )
 
 
-class WebhookProvider:
+class WebhookProvider(PooledClient):
     """POSTs signed JSON to each message's own URL; see the module docstring."""
 
     config_keys: Mapping[str, type] = {"secret_env": str}
@@ -108,7 +100,6 @@ class WebhookProvider:
         transport: httpx.BaseTransport | None = None,
         clock: Callable[[], float] = time.time,
     ):
-        self.name = config.name
         self._secret_env = str(config.options["secret_env"])
         self._clock = clock
         self._problem: str | None = None
@@ -119,17 +110,11 @@ class WebhookProvider:
             self._problem = f"environment variable {self._secret_env}: {exc}"
         if not self._keys and self._problem is None:
             self._problem = f"environment variable {self._secret_env} is unset or empty"
-        t = config.timeouts
-        self._client = httpx.Client(
-            headers={"User-Agent": "delivery/0.1"},
-            timeout=httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool),
-            follow_redirects=False,
-            transport=transport,
-        )
+        super().__init__(config, transport, follow_redirects=False)
 
-    def send(self, envelope: Envelope) -> Outcome:
+    def send(self, envelope: Envelope) -> outcomes.Outcome:
         if self._problem is not None:  # never send unsigned
-            return Permanent("NO_CREDENTIALS", self._problem)
+            return outcomes.Permanent("NO_CREDENTIALS", self._problem)
         body = json.dumps(
             envelope.payload, separators=(",", ":"), ensure_ascii=False, allow_nan=False
         ).encode()
@@ -140,32 +125,30 @@ class WebhookProvider:
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(self._keys, envelope.key, timestamp, body),
         }
-        try:
-            response = self._client.post(envelope.to, content=body, headers=headers)
-        except httpx.HTTPError as exc:
-            return classify_exception(exc)
-        return classify(response)
+        return self._post(classify, envelope.to, content=body, headers=headers)
 
-    def lookup(self, envelope: Envelope) -> LookupOutcome:
-        return LookupFailed("NO_LOOKUP", "a webhook receiver cannot be asked; use 'retry'")
-
-    def close(self) -> None:
-        self._client.close()
+    def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
+        return outcomes.LookupFailed("NO_LOOKUP", "a webhook receiver cannot be asked; use 'retry'")
 
 
-def classify(response: httpx.Response) -> Outcome:
+def classify(response: httpx.Response) -> outcomes.Outcome:
     """Map a receiver's answer to an outcome (the table in the module docstring)."""
     status = response.status_code
     if 200 <= status < 300:
-        return Delivered(None, status)
+        return outcomes.Delivered(None, status)
     text = response.text[:200].strip() if response.content else ""
     reason = f"HTTP {status} {response.reason_phrase}" + (f": {text}" if text else "")
     if response.headers.get(STOP_HEADER, "").strip().lower() in ("true", "1"):
-        return Permanent("RECEIVER_STOPPED", f"receiver sent {STOP_HEADER}; {reason}", status)
-    if status == 410:
-        return Permanent("GONE", reason, status)
-    if status in _RETRY_STATUS or (status >= 500 and status != 501):
-        return Retryable(
-            f"HTTP_{status}", reason, status, parse_retry_after(response.headers.get("retry-after"))
+        return outcomes.Permanent(
+            "RECEIVER_STOPPED", f"receiver sent {STOP_HEADER}; {reason}", status
         )
-    return Permanent(f"HTTP_{status}", reason, status)
+    if status == 410:
+        return outcomes.Permanent("GONE", reason, status)
+    if status in _RETRY_STATUS or (status >= 500 and status != 501):
+        return outcomes.Retryable(
+            f"HTTP_{status}",
+            reason,
+            status,
+            outcomes.parse_retry_after(response.headers.get("retry-after")),
+        )
+    return outcomes.Permanent(f"HTTP_{status}", reason, status)

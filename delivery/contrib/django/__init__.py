@@ -1,6 +1,6 @@
 """Django integration: add ``"delivery.contrib.django"`` to ``INSTALLED_APPS``.
 
-- Settings: the ``DELIVERY_*`` names of ``delivery.config`` are read from Django's settings,
+- Settings: the ``DELIVERY_*`` names of ``delivery.config.loading`` are read from Django's settings,
   then the environment (``delivery.contrib.settings``). Without ``DELIVERY_DATABASE_URL`` the
   outbox is the database of ``DATABASES[DELIVERY_DATABASE_ALIAS]`` (``"default"``), which is
   what ``enqueue`` writes through (PostgreSQL with psycopg 3 only). ``DELIVERY_NUDGE = False``
@@ -15,7 +15,8 @@
   log; actions *redrive* (``delivery.ops.redrive``: dead/unknown back to pending, same key)
   and *cancel* (``delivery.ops.cancel``: pending -> cancelled, a conditional UPDATE).
 
-Only ``enqueue`` is imported here; the models load when Django loads the app.
+Only ``enqueue`` is imported here; the models load when Django loads the app. May import:
+Django, ``delivery.contrib`` and the public surface of ``delivery`` (see ``delivery.contrib``).
 """
 
 from __future__ import annotations

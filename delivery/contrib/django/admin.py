@@ -2,7 +2,7 @@
 
 Recipients are masked and payloads shown by size only, as in ``delivery show``. Nothing can
 be added, edited or deleted here: messages change only through the two actions, which keep
-to the state machine (``delivery.status``).
+to the state machine (``delivery.pipeline.status``).
 
 - *Redrive* is ``delivery.ops.redrive`` run in Django's transaction: ``dead`` or ``unknown``
   back to ``pending`` with the same key (``unknown`` ones ask the provider first).
@@ -24,8 +24,8 @@ from delivery import ops
 from delivery.contrib.django.connection import borrowed_session
 from delivery.contrib.django.models import Attempt, Message
 from delivery.contrib.nudge import nudge_after_commit
-from delivery.events import mask
-from delivery.validation import canonical_json
+from delivery.observability.events import mask
+from delivery.pipeline.validation import canonical_json
 
 __all__ = ["AttemptInline", "MessageAdmin", "cancel", "redrive"]
 

@@ -23,7 +23,7 @@ class DeliveryConfig(AppConfig):
         from delivery.contrib.django.connection import sqlalchemy_url
         from delivery.contrib.nudge import install_nudge
         from delivery.contrib.settings import ENV_KEYS, OPTIONS_KEY, settings_from_config
-        from delivery.runtime import configure
+        from delivery.runtime.current import configure
 
         names = (*ENV_KEYS, OPTIONS_KEY)
         config: dict[str, Any] = {n: getattr(settings, n) for n in names if hasattr(settings, n)}

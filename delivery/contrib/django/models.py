@@ -6,7 +6,7 @@ and ``manage.py migrate`` has no migration for this app. ``tests/test_django.py`
 every field matches its SQLAlchemy column (name, type, length, nullability).
 
 Write through ``delivery.contrib.django.enqueue`` and the admin actions, which keep to the
-state machine (``delivery.status``); the models are for reading, filtering and reporting.
+state machine (``delivery.pipeline.status``); the models are for reading, filtering and reporting.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import models
 
-from delivery.status import Status
+from delivery.pipeline.status import Status
 
 __all__ = ["Attempt", "Message", "PayloadField"]
 
@@ -31,7 +31,8 @@ class PayloadField(models.JSONField):  # type: ignore[type-arg]
 
 
 class Message(models.Model):
-    """One logical message (``delivery.models.Message``); ``key`` is its idempotency key."""
+    """One logical message (``delivery.pipeline.models.Message``); ``key`` is its idempotency
+    key."""
 
     id: models.BigAutoField[int, int] = models.BigAutoField(primary_key=True)
     key: models.CharField[str, str] = models.CharField(max_length=255, unique=True)
@@ -82,7 +83,7 @@ class Message(models.Model):
 
 
 class Attempt(models.Model):
-    """One call to the provider and how it ended (``delivery.models.Attempt``)."""
+    """One call to the provider and how it ended (``delivery.pipeline.models.Attempt``)."""
 
     id: models.BigAutoField[int, int] = models.BigAutoField(primary_key=True)
     message: models.ForeignKey[Message, Message] = models.ForeignKey(

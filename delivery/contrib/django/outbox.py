@@ -13,11 +13,11 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
 
-from delivery import outbox
 from delivery.contrib.django.connection import borrowed_session
 from delivery.contrib.nudge import installed, nudge_after_commit
-from delivery.models import Message
-from delivery.status import Status
+from delivery.pipeline import outbox
+from delivery.pipeline.models import Message
+from delivery.pipeline.status import Status
 
 __all__ = ["enqueue"]
 

@@ -26,9 +26,9 @@ from sqlalchemy import (
     update,
 )
 
-from delivery.events import Transition, emit
-from delivery.models import messages_table, utcnow
-from delivery.status import Status
+from delivery.observability.events import Transition, emit
+from delivery.pipeline.models import messages_table, utcnow
+from delivery.pipeline.status import Status
 
 __all__ = ["Claim", "Publisher", "claim", "relay_once", "release"]
 

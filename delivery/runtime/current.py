@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import threading
 
-from delivery.config import Settings, load_settings
+from delivery.config.loading import load_settings
+from delivery.config.settings import Settings
 
 __all__ = ["configure", "get_settings"]
 

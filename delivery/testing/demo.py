@@ -18,13 +18,13 @@ from pathlib import Path
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from delivery.config import load_settings
-from delivery.db import make_engine, upgrade
-from delivery.models import Message
-from delivery.outbox import enqueue
-from delivery.processes import beat, worker
-from delivery.status import FINAL, Status
-from delivery.stub_provider import StubServer
+from delivery.config.loading import load_settings
+from delivery.pipeline.models import Message
+from delivery.pipeline.outbox import enqueue
+from delivery.pipeline.status import FINAL, Status
+from delivery.runtime.db import make_engine, upgrade
+from delivery.testing.processes import beat, worker
+from delivery.testing.stub_provider import StubServer
 
 __all__ = ["DemoReport", "run_demo"]
 

@@ -10,11 +10,12 @@ from dataclasses import dataclass, field
 from sqlalchemy import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
-from delivery.breaker import Breakers, CircuitBreaker, redis_client
-from delivery.config import Settings
-from delivery.db import make_engine, make_sessionmaker
+from delivery.config.settings import Settings
+from delivery.guards.breaker import Breakers, CircuitBreaker
+from delivery.guards.ratelimit import RateLimiter
+from delivery.guards.redis_client import redis_client
 from delivery.providers import Provider, build_provider
-from delivery.ratelimit import RateLimiter
+from delivery.runtime.db import make_engine, make_sessionmaker
 
 __all__ = ["Service"]
 

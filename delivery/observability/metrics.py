@@ -14,8 +14,8 @@ Two sources, because they live in different processes:
   ``delivery_send_latency_seconds{provider}`` (enqueue -> provider accept: ``created_at`` ->
   ``sent_at``), ``delivery_relay_batch_size`` and
   ``delivery_breaker_transitions_total{provider,from_state,to_state}``. Register
-  ``observe_transition`` with ``delivery.events.add_hook`` and ``observe_breaker`` with
-  ``delivery.breaker.add_breaker_hook``.
+  ``observe_transition`` with ``delivery.observability.events.add_hook`` and
+  ``observe_breaker`` with ``delivery.guards.breaker.add_breaker_hook``.
 
 Multi-process: with ``PROMETHEUS_MULTIPROC_DIR`` set before ``prometheus_client`` is imported,
 every process writes its counters to files there and ``multiprocess_registry`` sums them (a
@@ -35,10 +35,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from delivery import ops
-from delivery.breaker import Breakers, BreakerTransition
-from delivery.events import Transition
-from delivery.models import utcnow
-from delivery.status import Status
+from delivery.guards.breaker import Breakers, BreakerTransition
+from delivery.observability.events import Transition
+from delivery.pipeline.models import utcnow
+from delivery.pipeline.status import Status
 
 __all__ = [
     "BREAKER_STATES",
@@ -191,7 +191,7 @@ class WorkerMetrics:
         )
 
     def observe_transition(self, transition: Transition) -> None:
-        """A ``delivery.events`` hook: count it; time a send from enqueue when it is sent."""
+        """A transition hook (``add_hook``): count it; time a send from enqueue when it is sent."""
         self.transitions.labels(
             transition.provider,
             str(transition.from_status),
@@ -209,7 +209,7 @@ class WorkerMetrics:
             self.latency.labels(transition.provider).observe(max(seconds, 0.0))
 
     def observe_breaker(self, transition: BreakerTransition) -> None:
-        """A ``delivery.breaker`` hook: count the transition."""
+        """A breaker hook (``add_breaker_hook``): count the transition."""
         self.breaker_transitions.labels(
             transition.provider, transition.from_state, transition.to_state
         ).inc()

@@ -1,4 +1,4 @@
-"""Settings: one typed object built at start-up from the environment and a TOML file.
+"""Read settings from the environment and a TOML file, checking every value.
 
 Environment:
 
@@ -19,8 +19,10 @@ TOML (every section optional; unknown keys are errors that name the key)::
     [providers.NAME.breaker]  # failure_threshold, window, reset_timeout, success_threshold,
                               # on_redis_error = "local" | "allow"
     [channels.NAME]     # NAME in sms | email | webhook; provider, on_unknown, max_attempts
+    [types.NAME]        # channel, provider, on_unknown, max_attempts, priority, ttl, [backoff]
 
-Nothing here reads ``os.environ`` at import time.
+A provider's ``kind`` is resolved by ``delivery.providers.registry``, which also says which
+extra keys its table takes. Nothing here reads ``os.environ`` at import time.
 """
 
 from __future__ import annotations
@@ -28,148 +30,31 @@ from __future__ import annotations
 import os
 import tomllib
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from delivery.config.settings import (
+    CHANNELS,
+    DEFAULT_HOME,
+    DEFAULT_STUB_URL,
+    ON_REDIS_ERROR,
+    PRIORITIES,
+    Backoff,
+    BreakerConfig,
+    ChannelConfig,
+    MessageType,
+    ProviderConfig,
+    Settings,
+    Timeouts,
+)
 from delivery.errors import ConfigError
-from delivery.policies import UnknownPolicy
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.providers.registry import adapter_for
 
-__all__ = [
-    "CHANNELS",
-    "ON_REDIS_ERROR",
-    "PRIORITIES",
-    "PROVIDER_KINDS",
-    "Backoff",
-    "BreakerConfig",
-    "ChannelConfig",
-    "MessageType",
-    "ProviderConfig",
-    "Settings",
-    "Timeouts",
-    "load_settings",
-]
-
-CHANNELS = ("email", "sms", "webhook")
-PROVIDER_KINDS = ("http", "pigeon", "twilio", "webhook")  # built in; see delivery.providers
-ON_REDIS_ERROR = ("local", "allow")
-DEFAULT_HOME = ".delivery"
-DEFAULT_STUB_URL = "http://127.0.0.1:9090"
-
-
-@dataclass(frozen=True, slots=True)
-class Timeouts:
-    """Per-phase HTTP timeouts in seconds (httpx's connect / write / read / pool)."""
-
-    connect: float = 3.0
-    write: float = 5.0
-    read: float = 10.0
-    pool: float = 5.0
-
-    @property
-    def total(self) -> float:
-        return self.connect + self.write + self.read + self.pool
-
-
-@dataclass(frozen=True, slots=True)
-class Backoff:
-    """Full-jitter backoff: delay ~ U(0, min(cap, base * 2**attempt))."""
-
-    base: float = 1.0
-    cap: float = 300.0
-
-
-@dataclass(frozen=True, slots=True)
-class BreakerConfig:
-    """A provider's circuit breaker (``delivery.breaker``); defaults from seed 001.
-
-    ``failure_threshold`` transient failures inside ``window`` seconds open it; after
-    ``reset_timeout`` seconds one probe may go; ``success_threshold`` probe successes close
-    it. ``on_redis_error``: ``local`` (each process keeps its own breaker while Redis is
-    unreachable) or ``allow`` (send without a breaker meanwhile).
-    """
-
-    failure_threshold: int = 5
-    window: float = 60.0
-    reset_timeout: float = 30.0
-    success_threshold: int = 2
-    on_redis_error: str = "local"
-
-
-@dataclass(frozen=True, slots=True)
-class ProviderConfig:
-    name: str
-    kind: str
-    base_url: str
-    timeouts: Timeouts
-    api_key_env: str | None = None
-    breaker: BreakerConfig = BreakerConfig()
-    options: Mapping[str, Any] = field(default_factory=dict)  # the adapter's own keys
-    rate_limit: float | None = None  # messages per second, shared by every worker
-
-    def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
-        """The secret, read from the environment when needed; never stored in settings."""
-        if self.api_key_env is None:
-            return None
-        return (os.environ if environ is None else environ).get(self.api_key_env)
-
-
-@dataclass(frozen=True, slots=True)
-class MessageType:
-    """Defaults for one kind of message (``otp``, ``receipt``, ``marketing``), chosen with
-    ``enqueue(..., type="otp")``; explicit arguments to ``enqueue`` win.
-
-    ``priority`` picks the Celery queue (``urgent`` -> ``delivery.urgent``, ``bulk`` ->
-    ``delivery.bulk``, ``normal`` -> ``delivery``); ``ttl`` (seconds from the due time) is how
-    long the message is worth sending: past it, it ends ``expired`` instead of going out late.
-    """
-
-    name: str
-    channel: str
-    provider: str | None = None
-    on_unknown: UnknownPolicy | None = None
-    max_attempts: int | None = None
-    backoff: Backoff | None = None
-    priority: str = "normal"
-    ttl: float | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class ChannelConfig:
-    name: str
-    provider: str
-    on_unknown: UnknownPolicy = UnknownPolicy.RETRY
-    max_attempts: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Settings:
-    database_url: str
-    broker_url: str
-    redis_url: str | None = None
-    providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
-    channels: Mapping[str, ChannelConfig] = field(default_factory=dict)
-    types: Mapping[str, MessageType] = field(default_factory=dict)
-    backoff: Backoff = Backoff()
-    max_attempts: int = 8
-    max_payload_bytes: int = 64 * 1024
-    relay_interval: float = 1.0
-    relay_batch: int = 500
-    dispatch_lease: float = 120.0
-    send_lease: float = 60.0
-    sweep_interval: float = 5.0
-    max_countdown: float = 300.0
-    home: str = DEFAULT_HOME
-
-    def channel(self, name: str) -> ChannelConfig | None:
-        return self.channels.get(name)
-
-    def with_(self, **changes: Any) -> Settings:
-        return replace(self, **changes)
-
+__all__ = ["load_settings", "settings_from_mapping"]
 
 _TOP = {"delivery", "backoff", "timeouts", "providers", "channels", "types"}
-PRIORITIES = ("urgent", "normal", "bulk")
 _TUNING: dict[str, type] = {
     "max_attempts": int,
     "max_payload_bytes": int,
@@ -244,8 +129,6 @@ def _breaker(table: Mapping[str, Any], where: str) -> BreakerConfig:
 
 
 def _provider(name: str, table: Mapping[str, Any], timeouts: Timeouts) -> ProviderConfig:
-    from delivery.providers import adapter_for  # the registry imports this module
-
     where = f"providers.{name}."
     if "kind" not in table:
         raise ConfigError(f"{where}kind", "is required")
@@ -286,8 +169,6 @@ def _channel(name: str, table: Mapping[str, Any], providers: Mapping[str, Any]) 
     provider = _string(table["provider"], f"{where}provider")
     if provider not in providers:
         raise ConfigError(f"{where}provider", f"{provider!r} is not a configured provider")
-    from delivery.providers import adapter_for  # the registry imports this module
-
     adapter = adapter_for(providers[provider].kind)  # its default policy, e.g. twilio: lookup
     policy = _policy(table.get("on_unknown", adapter.default_on_unknown), f"{where}on_unknown")
     if policy is UnknownPolicy.LOOKUP and not adapter.supports_lookup:

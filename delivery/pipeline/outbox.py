@@ -18,19 +18,20 @@ from sqlalchemy import Engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from delivery.config import ChannelConfig, MessageType, ProviderConfig, Settings
+from delivery.config.settings import ChannelConfig, MessageType, ProviderConfig, Settings
 from delivery.errors import IdempotencyConflict, InvalidMessage
-from delivery.models import Message, utcnow
-from delivery.policies import UnknownPolicy
-from delivery.runtime import get_settings
-from delivery.status import Status
-from delivery.validation import (
+from delivery.pipeline.models import Message, utcnow
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.status import Status
+from delivery.pipeline.validation import (
     check_key,
     check_payload,
     check_recipient,
     check_send_at,
     payload_hash,
 )
+from delivery.providers.registry import adapter_for
+from delivery.runtime.current import get_settings
 
 __all__ = ["enqueue", "set_nudge"]
 
@@ -143,8 +144,6 @@ def _policy(
 ) -> UnknownPolicy:
     """Explicit argument, else the type's, else the channel's (or, for a provider other than
     the channel's, that provider kind's own default: Twilio has no keys, so ``lookup``)."""
-    from delivery.providers import adapter_for
-
     if on_unknown is None:
         if kind is not None and kind.on_unknown is not None:
             return kind.on_unknown

@@ -12,10 +12,12 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
+from typing import Generic, TypeVar
 
-__all__ = ["Transition", "add_hook", "emit", "mask", "remove_hook"]
+__all__ = ["Hooks", "Transition", "add_hook", "emit", "mask", "remove_hook"]
 
 log = logging.getLogger("delivery.events")
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,17 +34,40 @@ class Transition:
     enqueued_at: dt.datetime | None = None  # on ``sent``: for the enqueue -> accept latency
 
 
+class Hooks(Generic[T]):
+    """The observers of one kind of event. ``call`` passes the event to each in turn; a hook
+    that raises is logged on ``log`` (as ``"{what} {hook!r} failed"``) and isolated: it never
+    breaks a send, nor keeps the next hook from its event."""
+
+    def __init__(self, log: logging.Logger, what: str) -> None:
+        self._log, self._what = log, what
+        self._hooks: list[Callable[[T], None]] = []
+
+    def add(self, hook: Callable[[T], None]) -> None:
+        self._hooks.append(hook)
+
+    def remove(self, hook: Callable[[T], None]) -> None:
+        if hook in self._hooks:
+            self._hooks.remove(hook)
+
+    def call(self, event: T) -> None:
+        for hook in list(self._hooks):
+            try:
+                hook(event)
+            except Exception:
+                self._log.exception("%s %r failed", self._what, hook)
+
+
 Hook = Callable[[Transition], None]
-_hooks: list[Hook] = []
+_hooks: Hooks[Transition] = Hooks(log, "delivery hook")
 
 
 def add_hook(hook: Hook) -> None:
-    _hooks.append(hook)
+    _hooks.add(hook)
 
 
 def remove_hook(hook: Hook) -> None:
-    if hook in _hooks:
-        _hooks.remove(hook)
+    _hooks.remove(hook)
 
 
 def mask(recipient: str) -> str:
@@ -57,8 +82,4 @@ def emit(transition: Transition) -> None:
     if log.isEnabledFor(logging.INFO):
         fields = {k: v for k, v in asdict(transition).items() if v is not None}
         log.info(json.dumps({"event": "transition", **fields}, default=str))
-    for hook in list(_hooks):
-        try:
-            hook(transition)
-        except Exception:
-            log.exception("delivery hook %r failed", hook)
+    _hooks.call(transition)

@@ -30,22 +30,27 @@ Every transition is one JSON line on the ``delivery.breaker`` logger and a froze
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import json
 import logging
 import secrets
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, NamedTuple
 
 import redis
-from redis.backoff import NoBackoff
-from redis.retry import Retry
 
-from delivery.config import BreakerConfig, Settings
+from delivery.config.settings import BreakerConfig, Settings
+from delivery.guards.breaker_machine import (
+    HALF_OPEN_POLL,
+    LUA,
+    BreakerState,
+    LocalMachine,
+    Reply,
+    decode,
+)
+from delivery.guards.redis_client import redis_client
+from delivery.observability.events import Hooks
 
 __all__ = [
     "FAILURE",
@@ -60,7 +65,6 @@ __all__ = [
     "CircuitBreaker",
     "Permit",
     "add_breaker_hook",
-    "redis_client",
     "remove_breaker_hook",
 ]
 
@@ -68,14 +72,7 @@ log = logging.getLogger("delivery.breaker")
 
 SUCCESS = frozenset({"delivered", "found", "absent"})
 FAILURE = frozenset({"retryable", "unknown", "lookup_failed"})
-HALF_OPEN_POLL = 1.0
 REDIS_RETRY = 5.0
-
-
-class BreakerState(enum.StrEnum):
-    CLOSED = "closed"
-    OPEN = "open"
-    HALF_OPEN = "half_open"
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,17 +112,16 @@ class BreakerStatus:
 
 
 BreakerHook = Callable[[BreakerTransition], None]
-_hooks: list[BreakerHook] = []
+_hooks: Hooks[BreakerTransition] = Hooks(log, "breaker hook")
 
 
 def add_breaker_hook(hook: BreakerHook) -> None:
     """Call ``hook`` with every transition this process makes (metrics, alerts)."""
-    _hooks.append(hook)
+    _hooks.add(hook)
 
 
 def remove_breaker_hook(hook: BreakerHook) -> None:
-    if hook in _hooks:
-        _hooks.remove(hook)
+    _hooks.remove(hook)
 
 
 def _announce(transition: BreakerTransition) -> None:
@@ -141,178 +137,7 @@ def _announce(transition: BreakerTransition) -> None:
             "source": transition.source,
         }
         log.log(level, json.dumps(event))
-    for hook in list(_hooks):
-        try:
-            hook(transition)
-        except Exception:
-            log.exception("breaker hook %r failed", hook)
-
-
-class _Reply(NamedTuple):
-    """What one step of the state machine answers (the Lua script's reply, decoded)."""
-
-    allowed: bool
-    probe: bool  # allow: this caller holds the probe; peek: a probe is in flight
-    from_state: str
-    state: str
-    failures: int
-    next_at: float | None
-    now: float
-
-
-# ARGV: op (allow | record | peek | reset), token, verdict (success | failure | neutral),
-# failure_threshold, window, reset_timeout, success_threshold, probe_ttl, half_open_poll.
-_LUA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
-local op, token, verdict = ARGV[1], ARGV[2], ARGV[3]
-local threshold, window, reset_timeout = tonumber(ARGV[4]), tonumber(ARGV[5]), tonumber(ARGV[6])
-local needed, probe_ttl, poll = tonumber(ARGV[7]), tonumber(ARGV[8]), tonumber(ARGV[9])
-local h, z = KEYS[1], KEYS[2]
-local function f(x) return string.format('%.6f', x) end
-redis.call('ZREMRANGEBYSCORE', z, '-inf', '(' .. f(now - window))
-local v = redis.call('HMGET', h, 'state', 'open_until', 'probe', 'probe_until', 'successes')
-local state = v[1] or 'closed'
-local from = state
-local open_until, probe = tonumber(v[2]) or 0, v[3] or ''
-local probe_until, successes = tonumber(v[4]) or 0, tonumber(v[5]) or 0
-local allowed, busy, next_at = 0, 0, ''
-if probe ~= '' and now >= probe_until then probe = '' end
-if op == 'allow' or op == 'peek' then
-  if state == 'open' and now >= open_until then
-    state, probe = 'half_open', ''
-    if op == 'allow' then
-      redis.call('HSET', h, 'state', state, 'successes', 0, 'probe', '', 'probe_until', 0)
-    end
-  end
-  if state == 'closed' then
-    allowed = 1
-  elseif state == 'open' then
-    next_at = f(open_until)
-  elseif probe ~= '' then
-    busy = 1
-    next_at = f(probe_until)
-    if op == 'allow' then next_at = f(math.min(probe_until, now + poll)) end
-  elseif op == 'allow' then
-    allowed, busy = 1, 1
-    redis.call('HSET', h, 'probe', token, 'probe_until', f(now + probe_ttl))
-  else
-    next_at = f(now)
-  end
-elseif op == 'record' then
-  local mine = state == 'half_open' and token ~= '' and probe == token
-  if verdict == 'failure' then
-    local seq = redis.call('HINCRBY', h, 'seq', 1)
-    redis.call('ZADD', z, f(now), f(now) .. '#' .. seq)
-    redis.call('EXPIRE', z, math.ceil(window) + 1)
-    if mine or (state == 'closed' and redis.call('ZCARD', z) >= threshold) then
-      state = 'open'
-      redis.call('HSET', h, 'state', state, 'open_until', f(now + reset_timeout),
-                 'probe', '', 'probe_until', 0, 'successes', 0)
-    end
-  elseif mine and verdict == 'success' and successes + 1 >= needed then
-    state = 'closed'
-    redis.call('DEL', z)
-    redis.call('HSET', h, 'state', state, 'open_until', 0, 'probe', '', 'probe_until', 0,
-               'successes', 0)
-  elseif mine then
-    if verdict == 'success' then successes = successes + 1 end
-    redis.call('HSET', h, 'probe', '', 'probe_until', 0, 'successes', successes)
-  end
-elseif op == 'reset' then
-  redis.call('DEL', h, z)
-  state = 'closed'
-end
-return {allowed, busy, from, state, redis.call('ZCARD', z), next_at, f(now)}
-"""
-
-
-class _Local:
-    """The Lua script's state machine in this process's memory, step for step."""
-
-    def __init__(self, config: BreakerConfig, probe_ttl: float, clock: Callable[[], float]):
-        self._config, self._probe_ttl, self._clock = config, probe_ttl, clock
-        self._lock = threading.Lock()
-        self._failures: deque[float] = deque()
-        self._state = BreakerState.CLOSED.value
-        self._open_until = self._probe_until = 0.0
-        self._probe = ""
-        self._successes = 0
-
-    def __call__(self, op: str, token: str, verdict: str) -> _Reply:
-        with self._lock:
-            return self._step(op, token, verdict)
-
-    def _open(self, now: float) -> None:
-        self._state, self._open_until = BreakerState.OPEN.value, now + self._config.reset_timeout
-        self._probe, self._probe_until, self._successes = "", 0.0, 0
-
-    def _step(self, op: str, token: str, verdict: str) -> _Reply:
-        c, now = self._config, self._clock()
-        while self._failures and self._failures[0] < now - c.window:
-            self._failures.popleft()
-        state = start = self._state
-        if self._probe and now >= self._probe_until:
-            self._probe = ""
-        probe = self._probe
-        allowed = busy = False
-        next_at: float | None = None
-        if op in ("allow", "peek"):
-            if state == BreakerState.OPEN and now >= self._open_until:
-                state, probe = BreakerState.HALF_OPEN.value, ""
-                if op == "allow":
-                    self._state, self._successes, self._probe = state, 0, ""
-            if state == BreakerState.CLOSED:
-                allowed = True
-            elif state == BreakerState.OPEN:
-                next_at = self._open_until
-            elif probe:
-                busy = True
-                poll = self._probe_until if op == "peek" else now + HALF_OPEN_POLL
-                next_at = min(self._probe_until, poll)
-            elif op == "allow":
-                allowed = busy = True
-                self._probe, self._probe_until = token, now + self._probe_ttl
-            else:
-                next_at = now
-        elif op == "record":
-            mine = state == BreakerState.HALF_OPEN and token != "" and probe == token
-            if verdict == "failure":
-                self._failures.append(now)
-                if mine or (
-                    state == BreakerState.CLOSED and len(self._failures) >= c.failure_threshold
-                ):
-                    self._open(now)
-            elif mine and verdict == "success" and self._successes + 1 >= c.success_threshold:
-                self._failures.clear()
-                self._state, self._open_until, self._probe, self._successes = "closed", 0.0, "", 0
-            elif mine:
-                if verdict == "success":
-                    self._successes += 1
-                self._probe = ""
-            state = self._state
-        elif op == "reset":
-            self._failures.clear()
-            self._state, self._open_until, self._probe, self._successes = "closed", 0.0, "", 0
-            state = self._state
-        return _Reply(allowed, busy, start, state, len(self._failures), next_at, now)
-
-
-def _decode(raw: Any) -> _Reply:
-    allowed, busy, start, state, failures, next_at, now = raw
-
-    def text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
-
-    return _Reply(
-        bool(allowed),
-        bool(busy),
-        text(start),
-        text(state),
-        int(failures),
-        float(text(next_at)) if text(next_at) else None,
-        float(text(now)),
-    )
+    _hooks.call(transition)
 
 
 class CircuitBreaker:
@@ -328,8 +153,8 @@ class CircuitBreaker:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.provider, self.config = provider, config
-        self._local = _Local(config, probe_ttl, clock)
-        self._script = None if client is None else client.register_script(_LUA)
+        self._local = LocalMachine(config, probe_ttl, clock)
+        self._script = None if client is None else client.register_script(LUA)
         key = f"delivery:breaker:{{{provider}}}"
         self._keys = [key, f"{key}:failures"]
         self._args = (
@@ -387,7 +212,7 @@ class CircuitBreaker:
 
     def _run(
         self, op: str, token: str, verdict: str, *, local: bool = False
-    ) -> tuple[_Reply | None, str]:
+    ) -> tuple[Reply | None, str]:
         if self._script is not None and not local and time.monotonic() >= self._retry_redis_at:
             try:
                 raw = self._script(keys=self._keys, args=[op, token, verdict, *self._args])
@@ -399,7 +224,7 @@ class CircuitBreaker:
                     log.warning(
                         json.dumps({"event": "breaker_redis_ok", "provider": self.provider})
                     )
-                return self._announced(op, _decode(raw), "redis"), "redis"
+                return self._announced(op, decode(raw), "redis"), "redis"
         if self._script is not None and not local and self.config.on_redis_error == "allow":
             return None, "none"
         return self._announced(op, self._local(op, token, verdict), "local"), "local"
@@ -417,7 +242,7 @@ class CircuitBreaker:
             }
             log.warning(json.dumps(event))
 
-    def _announced(self, op: str, reply: _Reply, source: str) -> _Reply:
+    def _announced(self, op: str, reply: Reply, source: str) -> Reply:
         if op != "peek" and reply.from_state != reply.state:
             at = dt.datetime.fromtimestamp(reply.now, dt.UTC)
             _announce(
@@ -426,13 +251,6 @@ class CircuitBreaker:
                 )
             )
         return reply
-
-
-def redis_client(url: str) -> redis.Redis:
-    """A client that fails fast (0.5 s, one immediate retry): a send never waits on Redis."""
-    return redis.Redis.from_url(
-        url, socket_timeout=0.5, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 1)
-    )
 
 
 class Breakers:

@@ -83,6 +83,11 @@ class ServiceProcess:
             pass
 
 
+def _python_m(module: str, *args: str) -> list[str]:
+    """``python -m MODULE ARGS...`` with this interpreter."""
+    return [sys.executable, "-m", module, *args]
+
+
 def worker(
     log: Path,
     *,
@@ -93,56 +98,24 @@ def worker(
     cwd: Path | None = None,
     extra: Sequence[str] = (),
 ) -> ServiceProcess:
-    argv = [
-        sys.executable,
-        "-m",
+    argv = _python_m(
         "celery",
-        "-A",
-        "tasks",
-        "worker",
-        "--pool",
-        pool,
-        "--concurrency",
-        str(concurrency),
-        "--loglevel",
-        "INFO",
-        "-n",
-        f"{name}@%h",
-        "--without-gossip",
-        "--without-mingle",
+        *("-A", "tasks", "worker", "--pool", pool, "--concurrency", str(concurrency)),
+        *("--loglevel", "INFO", "-n", f"{name}@%h", "--without-gossip", "--without-mingle"),
         *extra,
-    ]
+    )
     return ServiceProcess(name, argv, log=log, ready="ready.", env=env, cwd=cwd)
 
 
 def beat(
     log: Path, schedule: Path, *, env: Mapping[str, str] | None = None, cwd: Path | None = None
 ) -> ServiceProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "celery",
-        "-A",
-        "tasks",
-        "beat",
-        "--loglevel",
-        "DEBUG",
-        "-s",
-        str(schedule),
-    ]
+    argv = _python_m("celery", "-A", "tasks", "beat", "--loglevel", "DEBUG", "-s", str(schedule))
     return ServiceProcess("beat", argv, log=log, ready="beat: Starting", env=env, cwd=cwd)
 
 
 def stub_provider(
     log: Path, port: int, *, env: Mapping[str, str] | None = None, cwd: Path | None = None
 ) -> ServiceProcess:
-    argv = [
-        sys.executable,
-        "-m",
-        "delivery.stub_provider",
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-    ]
+    argv = _python_m("delivery.testing.stub_provider", "--host", "127.0.0.1", "--port", str(port))
     return ServiceProcess("stub", argv, log=log, ready="listening on", env=env, cwd=cwd)

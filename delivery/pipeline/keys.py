@@ -23,11 +23,11 @@ A ``-`` inside a part is allowed (``user-signup``, negative numbers), so ``("a-b
 ``("a", "b-1")`` give the same key: start every key with a fixed namespace that names the
 kind of thing (``order``, ``signup``) and let only the last parts vary.
 
-``agent_key(run_id, step_id, args, *, important=None)`` is for tools an LLM agent calls (seed
-002): the harness, not the model, derives the key from the run id and the step id, so a
-resumed run maps to the same key and the provider dedupes the second call. The arguments
-named in ``important`` (all of them by default) are hashed into the key too, so a step that
-now means another recipient or amount gets a new key, while a rephrased body does not.
+``agent_key(run_id, step_id, args, *, important=None)`` is for tools an LLM agent calls: the
+harness, not the model, derives the key from the run id and the step id, so a resumed run
+maps to the same key and the provider dedupes the second call. The arguments named in
+``important`` (all of them by default) are hashed into the key too, so a step that now means
+another recipient or amount gets a new key, while a rephrased body does not.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from delivery.errors import InvalidMessage
-from delivery.validation import canonical_json, check_key
+from delivery.pipeline.validation import canonical_json, check_key
 
 __all__ = ["DIGEST_LENGTH", "agent_key", "key"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from delivery.config import Backoff
+from delivery.config.settings import Backoff
 
 __all__ = ["compute_backoff"]
 

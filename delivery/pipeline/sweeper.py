@@ -18,10 +18,10 @@ from dataclasses import dataclass
 
 from sqlalchemy import Engine, insert, select, update
 
-from delivery.events import Transition, emit
-from delivery.models import attempts_table, messages_table, utcnow
-from delivery.policies import UnknownPolicy
-from delivery.status import Status
+from delivery.observability.events import Transition, emit
+from delivery.pipeline.models import attempts_table, messages_table, utcnow
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.status import Status
 
 __all__ = ["SweepReport", "sweep"]
 

@@ -1,0 +1,238 @@
+"""One delivery attempt for one message: the worker's whole job, as a plain function.
+
+``deliver`` takes the row from ``dispatched`` to ``sending`` with a conditional UPDATE and
+commits *before* calling the provider, so that a crash mid-call leaves a ``sending`` row the
+sweeper can find. The provider's outcome then decides the next state in one transaction
+together with the attempt's log row. A task for a row that is not ``dispatched``, not yet
+due, or already taken by another worker does nothing.
+
+Before taking the row, the provider's circuit breaker (``delivery.guards.breaker``) is asked: while
+it is open (or half-open with its one probe taken) the row goes back to ``pending`` until the
+breaker's next probe time plus up to ``CIRCUIT_JITTER`` s, with code ``CIRCUIT_OPEN`` and no
+attempt spent. The call's outcome is then recorded in the breaker, and applied to the row by
+``delivery.pipeline.settle``. The answer to the task is a ``Result`` whose ``action`` is one
+of the closed set ``Action`` (``delivery.pipeline.transitions``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row, select, update
+
+from delivery.guards.breaker import Permit
+from delivery.observability.events import Transition, emit
+from delivery.pipeline.models import messages_table, utcnow
+from delivery.pipeline.outcomes import Absent
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.settle import after_lookup, after_send
+from delivery.pipeline.status import Status
+from delivery.pipeline.transitions import Action, Result, Sending, move
+from delivery.providers.base import Envelope
+from delivery.runtime.service import Service
+
+__all__ = [
+    "CIRCUIT_JITTER",
+    "CIRCUIT_OPEN",
+    "EXPIRED",
+    "RATE_LIMITED",
+    "Action",
+    "Result",
+    "deliver",
+]
+
+CIRCUIT_OPEN = "CIRCUIT_OPEN"
+EXPIRED = "EXPIRED"
+RATE_LIMITED = "RATE_LIMITED"
+CIRCUIT_JITTER = 1.0
+
+
+_COLUMNS = (
+    "id",
+    "key",
+    "channel",
+    "provider",
+    "recipient",
+    "payload",
+    "status",
+    "attempts",
+    "max_attempts",
+    "needs_lookup",
+    "on_unknown",
+    "next_attempt_at",
+    "lease_expires_at",
+    "expires_at",
+    "message_type",
+    "created_at",
+)
+
+#: What one attempt reads of its message, in one primary-key read.
+_ROW = select(*(messages_table.c[name] for name in _COLUMNS))
+
+
+def deliver(service: Service, message_id: int, key: str) -> Result:
+    """Make one attempt at message ``message_id`` (if it is still ``key``'s and due) and
+    say what its task does next (``Result.action``, one of ``Action``)."""
+    now = utcnow()
+    with service.engine.connect() as conn:
+        row = conn.execute(_ROW.where(messages_table.c.id == message_id)).one_or_none()
+    if row is None or row.key != key:
+        return Result(Action.SKIP, reason="no such message")
+    if row.status != Status.DISPATCHED:
+        return Result(Action.SKIP, status=row.status, reason=f"message is {row.status}")
+    early = (row.next_attempt_at - now).total_seconds()
+    if early > 0:
+        # A duplicate task, or a countdown that fired early: never send before the due time.
+        if early < 1.0:
+            return Result(Action.RETRY, status=row.status, delay=early, reason="not due yet")
+        return Result(Action.SKIP, status=row.status, reason="not due yet")
+    if row.expires_at is not None and now >= row.expires_at:
+        return _expire(service, row)
+    limiter = service.limiter(row.provider)
+    wait = limiter.acquire() if limiter is not None else 0.0
+    if wait > 0:
+        return _rate_limited(service, row, wait)
+
+    breaker = service.breaker(row.provider)
+    permit = breaker.allow()
+    if not permit.allowed:
+        return _circuit_open(service, row, permit)
+
+    attempt = row.attempts + 1
+    with service.engine.begin() as conn:
+        taken = move(
+            conn,
+            message_id,
+            row.attempts,
+            Status.DISPATCHED,
+            Status.SENDING,
+            attempts=attempt,
+            lease_expires_at=now + dt.timedelta(seconds=service.settings.send_lease),
+        )
+    if not taken:
+        breaker.release(permit)
+        return Result(Action.SKIP, reason="taken by another worker")
+    emit(Transition(row.id, row.key, row.provider, Status.DISPATCHED, Status.SENDING, attempt))
+
+    provider = service.provider(row.provider)
+    envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
+    kind = service.settings.types.get(row.message_type or "")
+    msg = Sending(
+        row.id,
+        row.key,
+        row.provider,
+        attempt,
+        row.max_attempts,
+        UnknownPolicy(row.on_unknown),
+        kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
+        row.created_at,
+    )
+    if row.needs_lookup:
+        started = time.perf_counter()
+        found = provider.lookup(envelope)
+        if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
+            breaker.record(permit, found.kind)
+        lookup_result = after_lookup(service, msg, found, started)
+        if lookup_result is not None:
+            return lookup_result
+    started = time.perf_counter()
+    outcome = provider.send(envelope)
+    breaker.record(permit, outcome.kind)
+    return after_send(service, msg, outcome, started)
+
+
+@dataclass(frozen=True, slots=True)
+class _Leave:
+    """A ``dispatched`` row leaving without an attempt: where to, and what to log and store."""
+
+    to: Status
+    outcome: str
+    code: str
+    reason: str
+    delay: float | None = None
+
+
+def _leave_dispatched(service: Service, row: Row[Any], leave: _Leave, **values: object) -> bool:
+    """Move a row this worker never took out of ``dispatched`` (no attempt spent) and emit the
+    transition; False if someone else moved it first."""
+    with service.engine.begin() as conn:
+        done = move(
+            conn,
+            row.id,
+            row.attempts,
+            Status.DISPATCHED,
+            leave.to,
+            lease_expires_at=None,
+            last_error_code=leave.code,
+            last_error=leave.reason,
+            **values,
+        )
+    if done:
+        emit(
+            Transition(
+                row.id,
+                row.key,
+                row.provider,
+                Status.DISPATCHED,
+                leave.to,
+                row.attempts,
+                leave.outcome,
+                leave.code,
+                leave.delay,
+            )
+        )
+    return done
+
+
+def _expire(service: Service, row: Row[Any]) -> Result:
+    """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
+    reason = "time-to-live passed before it could be sent"
+    if not _leave_dispatched(service, row, _Leave(Status.EXPIRED, "expired", EXPIRED, reason)):
+        return Result(Action.SKIP, reason="taken by another worker")
+    return Result(Action.DONE, Status.EXPIRED, code=EXPIRED)
+
+
+def _rate_limited(service: Service, row: Row[Any], wait: float) -> Result:
+    """Over the provider's rate: come back when a token is there (plus a little jitter so
+    that waiting workers do not all return at once). The row stays ``dispatched``; only its
+    lease is extended when the wait would outlast it."""
+    message_id, provider, lease = row.id, row.provider, row.lease_expires_at
+    delay = wait + service.rng.uniform(0.0, min(wait, 1.0))
+    now = utcnow()
+    if lease is not None and lease < now + dt.timedelta(seconds=delay + 5.0):
+        with service.engine.begin() as conn:
+            conn.execute(
+                update(messages_table)
+                .where(
+                    messages_table.c.id == message_id,
+                    messages_table.c.status == Status.DISPATCHED.value,
+                )
+                .values(
+                    lease_expires_at=now
+                    + dt.timedelta(seconds=delay + service.settings.dispatch_lease)
+                )
+            )
+    return Result(
+        Action.RETRY, Status.DISPATCHED, delay, RATE_LIMITED, f"provider {provider!r} rate limit"
+    )
+
+
+def _circuit_open(service: Service, row: Row[Any], permit: Permit) -> Result:
+    """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
+    without spending an attempt."""
+    provider = row.provider
+    now = utcnow()
+    wait = max(0.0, (permit.retry_at or 0.0) - time.time())
+    wait += service.rng.uniform(0.0, CIRCUIT_JITTER)
+    due = now + dt.timedelta(seconds=wait)
+    reason = (
+        f"circuit breaker of provider {provider!r} is {permit.state}; "
+        f"next try at {due.isoformat(timespec='seconds')}"
+    )
+    leave = _Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
+    if not _leave_dispatched(service, row, leave, next_attempt_at=due):
+        return Result(Action.SKIP, reason="taken by another worker")
+    return Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)

@@ -1,0 +1,160 @@
+"""What one attempt's outcome does to its message, in one transaction with the attempt's row.
+
+``after_send`` matches on the closed set of outcomes (``delivery.pipeline.outcomes``):
+
+- ``Delivered``: ``sent``, with the provider's reference.
+- ``Permanent``: ``dead``, with its code and reason.
+- ``Retryable``: waits (backoff, or the provider's Retry-After) and is sent again with the
+  same key; ``dead`` once its attempts are spent.
+- ``Unknown``: the message's policy: ``give_up`` -> ``unknown``; ``retry`` waits and sends
+  again; ``lookup`` waits and asks the provider first; ``unknown`` once its attempts are spent.
+
+``after_lookup`` does the same for a lookup: ``Found`` -> ``sent``; ``Absent`` -> go on and
+send; ``LookupFailed`` -> wait and look again (``unknown`` once the attempts are spent).
+Every move goes through ``delivery.pipeline.transitions`` and emits a ``Transition``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from dataclasses import replace
+
+from sqlalchemy import Connection, update
+
+from delivery.observability.events import Transition, emit
+from delivery.pipeline import outcomes
+from delivery.pipeline.backoff import compute_backoff
+from delivery.pipeline.models import messages_table, utcnow
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.status import Status
+from delivery.pipeline.transitions import (
+    Action,
+    Failure,
+    Result,
+    Sending,
+    finish,
+    log_attempt,
+    park,
+)
+from delivery.runtime.service import Service
+
+__all__ = ["after_lookup", "after_send"]
+
+_CHANGED = Result(Action.SKIP, reason="row changed while sending")
+
+
+def after_lookup(
+    service: Service, msg: Sending, found: outcomes.LookupOutcome, started: float
+) -> Result | None:
+    """Apply a lookup's answer; ``None`` means the key is absent: go on and send."""
+    with service.engine.begin() as conn:
+        log_attempt(conn, msg, "lookup", found, started)
+        match found:
+            case outcomes.Found(provider_ref=ref):
+                return _sent(conn, msg, ref, "found")
+            case outcomes.Absent():
+                conn.execute(
+                    update(messages_table)
+                    .where(messages_table.c.id == msg.id)
+                    .values(needs_lookup=False)
+                )
+                return None
+            case outcomes.LookupFailed(code=code, reason=reason):
+                failure = Failure(code, reason, "lookup_failed", Status.UNKNOWN)
+                return _retry_or_stop(service, conn, msg, failure)
+    raise AssertionError(found)
+
+
+def after_send(service: Service, msg: Sending, outcome: outcomes.Outcome, started: float) -> Result:
+    """Apply a send's outcome (the table in the module docstring)."""
+    with service.engine.begin() as conn:
+        log_attempt(conn, msg, "send", outcome, started)
+        match outcome:
+            case outcomes.Delivered(provider_ref=ref):
+                return _sent(conn, msg, ref, "delivered")
+            case outcomes.Permanent(code=code, reason=reason):
+                return _stop(conn, msg, Failure(code, reason, "permanent", Status.DEAD))
+            case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after):
+                failure = Failure(code, reason, "retryable", Status.DEAD, retry_after)
+                return _retry_or_stop(service, conn, msg, failure)
+            case outcomes.Unknown(code=code, reason=reason):
+                if msg.policy is UnknownPolicy.GIVE_UP:
+                    return _stop(conn, msg, Failure(code, reason, "unknown", Status.UNKNOWN))
+                lookup = msg.policy is UnknownPolicy.LOOKUP
+                failure = Failure(code, reason, "unknown", Status.UNKNOWN, needs_lookup=lookup)
+                return _retry_or_stop(service, conn, msg, failure)
+    raise AssertionError(outcome)
+
+
+def _sent(conn: Connection, msg: Sending, ref: str | None, outcome: str) -> Result:
+    now = utcnow()
+    if finish(
+        conn,
+        msg,
+        Status.SENT,
+        provider_ref=ref,
+        sent_at=now,
+        lease_expires_at=None,
+        needs_lookup=False,
+        last_error_code=None,
+        last_error=None,
+    ):
+        _emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
+        return Result(Action.DONE, Status.SENT)
+    return _CHANGED
+
+
+def _stop(conn: Connection, msg: Sending, failure: Failure) -> Result:
+    """End the message in ``failure.final`` (dead or unknown)."""
+    code, status = failure.code, failure.final
+    if finish(
+        conn,
+        msg,
+        status,
+        lease_expires_at=None,
+        last_error_code=code[:64],
+        last_error=failure.reason,
+    ):
+        _emit(msg, status, failure.outcome, code)
+        return Result(Action.DONE, status, code=code, reason=failure.reason)
+    return _CHANGED
+
+
+def _retry_or_stop(service: Service, conn: Connection, msg: Sending, failure: Failure) -> Result:
+    """Wait and try again with the same key, or stop once the attempts are spent."""
+    if msg.attempt >= msg.max_attempts:
+        spent = f"attempts exhausted ({msg.attempt}/{msg.max_attempts}): {failure.reason}"
+        return _stop(conn, msg, replace(failure, reason=spent))
+    delay = compute_backoff(msg.attempt, msg.backoff, failure.retry_after, service.rng)
+    status = park(conn, msg, delay, service.settings, failure)
+    if status is None:
+        return _CHANGED
+    _emit(msg, status, failure.outcome, failure.code, round(delay, 3))
+    action = Action.RETRY if status is Status.DISPATCHED else Action.PARKED
+    return Result(action, status, delay, failure.code, failure.reason)
+
+
+def _emit(
+    msg: Sending,
+    to: Status,
+    outcome: str,
+    code: str | None = None,
+    delay: float | None = None,
+    *,
+    enqueued_at: dt.datetime | None = None,
+) -> None:
+    """The transition of this attempt's ``sending`` row to ``to``."""
+    emit(
+        Transition(
+            msg.id,
+            msg.key,
+            msg.provider,
+            Status.SENDING,
+            to,
+            msg.attempt,
+            outcome,
+            code,
+            delay,
+            enqueued_at,
+        )
+    )

@@ -1,0 +1,158 @@
+"""The worker's vocabulary and primitives: what the task does next, the message in flight,
+and the conditional UPDATEs every transition of an attempt goes through.
+
+- ``Action`` and ``Result``: the closed answer of one attempt to its task (``sender.deliver``).
+- ``Sending``: the frozen description of the message in flight (this attempt's number, its
+  policy and backoff); ``Failure``: why an attempt did not end it, and what to log.
+- ``move``: the one conditional UPDATE of a worker (status *and* attempt count as seen);
+  ``finish`` moves this attempt's ``sending`` row; ``park`` puts it back to wait;
+  ``log_attempt`` writes the attempt's row. A new path (a batch, a lease renewal) gets a
+  primitive of the same kind here, not an inline UPDATE.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import time
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, insert, update
+
+from delivery.config.settings import Backoff, Settings
+from delivery.pipeline.models import attempts_table, messages_table, utcnow
+from delivery.pipeline.outcomes import LookupOutcome, Outcome
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.status import Status
+
+__all__ = ["Action", "Failure", "Result", "Sending", "finish", "log_attempt", "move", "park"]
+
+
+class Action(enum.StrEnum):
+    """What the task does after one attempt; the closed set ``Result.action`` takes."""
+
+    DONE = "done"
+    """A final state was reached (``Result.status`` says which)."""
+    RETRY = "retry"
+    """Re-run the task after ``Result.delay`` seconds; the row waits as ``dispatched``."""
+    PARKED = "parked"
+    """The row went back to the outbox as ``pending``; the relay publishes it when due."""
+    SKIP = "skip"
+    """Nothing to do: no such message, not ours, not due, or taken by another worker."""
+
+
+@dataclass(frozen=True, slots=True)
+class Result:
+    """What the task should do next (``action``), and why."""
+
+    action: Action
+    status: str | None = None
+    delay: float | None = None
+    code: str | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Sending:
+    """The message in flight: read once when the worker takes it, then passed along."""
+
+    id: int
+    key: str
+    provider: str
+    attempt: int
+    max_attempts: int
+    policy: UnknownPolicy
+    backoff: Backoff
+    enqueued_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """An attempt that did not deliver: its ``code`` and ``reason`` (stored on the row), the
+    ``outcome`` kind for the transition log, the status the message ends in when it is not
+    retried (``final``: permanent, given up, or attempts spent), the provider's
+    ``retry_after`` wish, and whether the next attempt must look the key up first
+    (``needs_lookup``; ``None`` leaves the flag as it is)."""
+
+    code: str
+    reason: str
+    outcome: str
+    final: Status
+    retry_after: float | None = None
+    needs_lookup: bool | None = None
+
+
+def log_attempt(
+    conn: Connection, msg: Sending, kind: str, outcome: Outcome | LookupOutcome, started: float
+) -> None:
+    latency = (time.perf_counter() - started) * 1000.0
+    conn.execute(
+        insert(attempts_table).values(
+            message_id=msg.id,
+            number=msg.attempt,
+            kind=kind,
+            outcome=outcome.kind,
+            started_at=utcnow() - dt.timedelta(milliseconds=latency),
+            http_status=outcome.http_status,
+            latency_ms=round(latency, 3),
+            error_code=getattr(outcome, "code", None),
+            error=getattr(outcome, "reason", None),
+        )
+    )
+
+
+def move(
+    conn: Connection,
+    message_id: int,
+    seen_attempts: int,
+    expected: Status,
+    to: Status,
+    **values: object,
+) -> bool:
+    """The one conditional UPDATE of a worker: ``expected`` -> ``to``, only while the row is
+    where this worker saw it (status and attempt count). False: someone else moved it."""
+    done = conn.execute(
+        update(messages_table)
+        .where(
+            messages_table.c.id == message_id,
+            messages_table.c.status == expected.value,
+            messages_table.c.attempts == seen_attempts,
+        )
+        .values(status=to.value, updated_at=utcnow(), **values)
+    ).rowcount
+    return bool(done)
+
+
+def finish(conn: Connection, msg: Sending, status: Status, **values: object) -> bool:
+    """Move the row from ``sending`` (this attempt) to ``status``; False if someone else did."""
+    return move(conn, msg.id, msg.attempt, Status.SENDING, status, **values)
+
+
+def park(
+    conn: Connection, msg: Sending, delay: float, settings: Settings, failure: Failure
+) -> Status | None:
+    """Park a ``sending`` row until ``now + delay``; the status it got, or None if someone
+    else moved it.
+
+    A short wait stays ``dispatched`` (the task re-runs itself with a countdown, visible in
+    Flower as a retry; the lease covers the wait, so a lost retry is recovered by the
+    sweeper). A long one goes back to the outbox as ``pending``: the broker never holds a
+    task longer than ``max_countdown``.
+    """
+    now = utcnow()
+    due = now + dt.timedelta(seconds=delay)
+    short = delay <= settings.max_countdown
+    status = Status.DISPATCHED if short else Status.PENDING
+    lease_until = due + dt.timedelta(seconds=settings.dispatch_lease) if short else None
+    extra = {} if failure.needs_lookup is None else {"needs_lookup": failure.needs_lookup}
+    done = finish(
+        conn,
+        msg,
+        status,
+        next_attempt_at=due,
+        lease_expires_at=lease_until,
+        last_error_code=failure.code[:64],
+        last_error=failure.reason,
+        **extra,
+    )
+    return status if done else None

@@ -1,0 +1,164 @@
+"""The package's shape, read from the source: the rooms stay small, free of Celery, and
+free of import cycles (lazy, function-level imports included)."""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("delivery", "tasks")
+MAX_LINES = 400
+MAX_POSITIONAL = 5
+CELERY = ("celery", "kombu")
+
+
+def _modules() -> dict[str, Path]:
+    """Every module of delivery/ and tasks/ by dotted name (the Alembic migrations aside: they
+    are generated, and Alembic loads them by path)."""
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            relative = path.relative_to(ROOT)
+            if relative.parts[:2] == ("delivery", "migrations") or ".venv" in relative.parts:
+                continue
+            parts = list(relative.with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+MODULES = _modules()
+
+
+def _imports(name: str, path: Path) -> Iterator[tuple[str, int]]:
+    """The absolute names every ``import`` and ``from ... import`` of a module reaches, at any
+    depth (inside functions too), with their line numbers. ``from P import x`` reaches
+    ``P.x`` when that is a module of ours, else ``P``."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                yield alias.name, node.lineno
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:  # relative: resolve against this module's package
+                anchor = package.split(".")
+                anchor = anchor[: len(anchor) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                yield (full if full in MODULES else base), node.lineno
+
+
+def _graph() -> dict[str, set[str]]:
+    """Module -> the other modules of delivery/ and tasks/ it imports."""
+    return {
+        name: {target for target, _ in _imports(name, path) if target in MODULES} - {name}
+        for name, path in MODULES.items()
+    }
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Each strongly connected group of two or more modules (Tarjan), as a sorted list."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(graph[node]):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                found.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_modules_are_found() -> None:
+    """The walk sees the rooms (a moved tree would otherwise pass every check vacuously)."""
+    for name in ("delivery", "delivery.pipeline.sender", "delivery.cli", "tasks.deliver"):
+        assert name in MODULES, name
+
+
+def test_no_module_passes_the_line_limit() -> None:
+    """No module of delivery/ or tasks/ (migrations aside) is longer than 400 lines."""
+    long = {
+        name: n
+        for name, path in MODULES.items()
+        if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
+    assert not long, f"over {MAX_LINES} lines: {long}"
+
+
+def test_only_tasks_imports_celery() -> None:
+    """Nothing under delivery/ imports celery, kombu or the Celery app ``tasks``, at any depth
+    (the core stays free of Celery; contrib loads ``tasks`` by name, only when asked)."""
+    found = [
+        f"{path.relative_to(ROOT)}:{line} imports {target}"
+        for name, path in MODULES.items()
+        if name.split(".")[0] == "delivery"
+        for target, line in _imports(name, path)
+        if target.split(".")[0] in (*CELERY, "tasks")
+    ]
+    assert not found, found
+
+
+def test_no_import_cycles() -> None:
+    """The modules of delivery/ and tasks/ import each other without a cycle, counting the
+    imports inside functions too."""
+    assert _cycles(_graph()) == []
+
+
+def test_cycle_finder_finds_a_cycle() -> None:
+    """The cycle check can fail: a lazy import back to an importer is a cycle."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _cycles(graph) == [["a", "b", "c"]]
+
+
+def test_functions_take_at_most_five_positional_parameters() -> None:
+    """A function of delivery/ or tasks/ takes at most five positional parameters (self and
+    cls aside); beyond that it takes a small frozen object (or keyword-only options)."""
+    long: list[str] = []
+    for path in MODULES.values():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                names = [a.arg for a in (*node.args.posonlyargs, *node.args.args)]
+                if names[:1] in (["self"], ["cls"]):
+                    names = names[1:]
+                if len(names) > MAX_POSITIONAL:
+                    long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name}{names}")
+    assert not long, long
+
+
+def test_every_room_says_what_lives_there_and_what_it_may_import() -> None:
+    """Each package of delivery/ opens with a docstring that names what it may import."""
+    missing = []
+    for name, path in MODULES.items():
+        if path.name != "__init__.py" or not name.startswith("delivery.") or "migrations" in name:
+            continue
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        if "may import" not in doc.lower():
+            missing.append(name)
+    assert not missing, missing
