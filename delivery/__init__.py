@@ -2,6 +2,13 @@
 
 Write a message in your own transaction with ``enqueue``; the Celery service in ``tasks``
 sends it so that it takes effect once, is never lost, and can be repaired by ops.
+
+The names below are the public API. The rooms behind them, each package's docstring saying
+what lives there and what it may import: ``pipeline`` (a message from your transaction to its
+final state), ``guards`` (circuit breaker, rate limit), ``providers`` (the adapters), ``ops``
+(inspect, repair, prune), ``observability`` (events, metrics), ``cli``, ``testing`` (the stub
+provider, the demo), ``config`` (settings) and ``runtime`` (this process's wiring). Nothing
+here imports Celery.
 """
 
 from __future__ import annotations

@@ -162,3 +162,13 @@ def test_every_room_says_what_lives_there_and_what_it_may_import() -> None:
         if "may import" not in doc.lower():
             missing.append(name)
     assert not missing, missing
+
+
+def test_migrations_are_found_where_the_package_ships_them() -> None:
+    """The Alembic ini and migrations the runtime reads exist where the package data puts them
+    (a moved module must not lose them silently: Alembic ignores a missing ini file)."""
+    from delivery.runtime import db
+
+    assert db._INI == ROOT / "delivery" / "alembic.ini"
+    assert db._INI.is_file()
+    assert (ROOT / "delivery" / "migrations" / "env.py").is_file()

@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["current_revision", "make_engine", "make_sessionmaker", "upgrade"]
 
-_INI = Path(__file__).with_name("alembic.ini")
+_INI = Path(__file__).parents[1] / "alembic.ini"  # delivery/alembic.ini, shipped as package data
 
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
