@@ -7,7 +7,8 @@ Exceptions are for bad input and bugs, never for the outcome of a send (see
     ├── ConfigError            a setting is missing or wrong; names the key
     ├── InvalidMessage         bad input to ``enqueue``; names the field
     ├── IdempotencyConflict    key already used for a different payload
-    └── MessageNotFound        no message with that id or key (ops commands)
+    ├── MessageNotFound        no message with that id or key (ops commands)
+    └── InvalidFilter          a bad search filter (console, ops); names the field
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ __all__ = [
     "ConfigError",
     "DeliveryError",
     "IdempotencyConflict",
+    "InvalidFilter",
     "InvalidMessage",
     "MessageNotFound",
 ]
@@ -61,3 +63,13 @@ class MessageNotFound(DeliveryError):
     def __init__(self, ref: str) -> None:
         super().__init__(f"no message with id or key {ref!r}")
         self.ref = ref
+
+
+class InvalidFilter(DeliveryError):
+    """A search filter is malformed (``status: 'sen' is not a status``); nothing was read.
+    ``field`` names the filter."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem

@@ -130,7 +130,8 @@ def pg_engine() -> Iterator[Engine]:
     with engine.begin() as conn:
         conn.execute(
             text(
-                "DROP TABLE IF EXISTS delivery_attempts, delivery_messages, alembic_version CASCADE"
+                "DROP TABLE IF EXISTS delivery_audit, delivery_attempts, delivery_messages, "
+                "alembic_version CASCADE"
             )
         )
     upgrade(engine)
@@ -204,7 +205,7 @@ def pipeline(pg_engine: Engine, broker_ready: None, stub):  # type: ignore[no-un
 def clean(pg_engine: Engine, stub, redis_client) -> Engine:  # type: ignore[no-untyped-def]
     """Empty outbox, closed breakers (shared state flushed) and a stub with no faults."""
     with pg_engine.begin() as conn:
-        conn.execute(text("TRUNCATE delivery_attempts, delivery_messages"))
+        conn.execute(text("TRUNCATE delivery_audit, delivery_attempts, delivery_messages"))
     redis_client.flushdb()
     stub.reset()
     return pg_engine

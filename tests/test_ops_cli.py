@@ -112,8 +112,8 @@ def test_redrive_all_dead_filters_by_code_and_since(session: Session) -> None:
 
 
 def test_redrive_dry_run_changes_nothing(session: Session) -> None:
-    """``--dry-run`` lists what would be redriven, for refs and for ``--all-dead``, and
-    writes nothing."""
+    """``--dry-run`` lists what would be redriven, for refs and for ``--all-dead``, never
+    claims ``redriven: true`` for a row it did not touch, and writes nothing (no audit row)."""
     add(session, "d1", "dead")
     add(session, "d2", "dead")
     add(session, "s1", "sent")
@@ -121,16 +121,18 @@ def test_redrive_dry_run_changes_nothing(session: Session) -> None:
     bulk = run("redrive", "--all-dead", "--dry-run", "--json")
     assert bulk.exit_code == 0, bulk.output
     assert sorted(r["key"] for r in json.loads(bulk.stdout)) == ["d1", "d2"]
+    assert all(not r["redriven"] and r["would_redrive"] for r in json.loads(bulk.stdout))
     table = run("redrive", "--all-dead", "--dry-run")
     assert "would redrive 2 dead messages" in table.output
 
     refs = run("redrive", "d1", "s1", "--dry-run", "--json")
     assert refs.exit_code == 1
-    assert [(r["key"], r["redriven"]) for r in json.loads(refs.stdout)] == [
-        ("d1", True),
-        ("s1", False),
+    assert [(r["key"], r["redriven"], r["would_redrive"]) for r in json.loads(refs.stdout)] == [
+        ("d1", False, True),
+        ("s1", False, False),
     ]
     assert [status_of(session, k) for k in ("d1", "d2", "s1")] == ["dead", "dead", "sent"]
+    assert ops.entries(session) == []
 
 
 def test_redrive_all_dead_in_bulk_reports_a_count(session: Session) -> None:

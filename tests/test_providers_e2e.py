@@ -100,7 +100,8 @@ def _database() -> Engine:
     with engine.begin() as conn:
         conn.execute(
             text(
-                "DROP TABLE IF EXISTS delivery_attempts, delivery_messages, alembic_version CASCADE"
+                "DROP TABLE IF EXISTS delivery_audit, delivery_attempts, delivery_messages, "
+                "alembic_version CASCADE"
             )
         )
     upgrade(engine)

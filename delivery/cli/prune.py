@@ -1,4 +1,5 @@
-"""``delivery prune``: delete final messages and their attempts (``delivery.ops.prune``)."""
+"""``delivery prune``: delete final messages, their attempts and old audit rows
+(``delivery.ops.prune``, ``delivery.ops.audit``)."""
 
 from __future__ import annotations
 
@@ -36,11 +37,12 @@ __all__ = ["prune_command"]
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with the counts.")
 def prune_command(cutoff: dt.datetime, batch: int, dry_run: bool, as_json: bool) -> None:
-    """Delete final messages (sent, dead, unknown, cancelled) and their attempts.
+    """Delete final messages (sent, dead, unknown, cancelled, expired), their attempts, and
+    audit rows older than the cutoff.
 
     Works in batches, committing each; open messages are never deleted.
     """
-    deleted, attempts = 0, 0
+    deleted, attempts, audit = 0, 0, 0
     with open_session() as session:
         total = ops.prunable(session, cutoff)
         if not dry_run:
@@ -53,11 +55,15 @@ def prune_command(cutoff: dt.datetime, batch: int, dry_run: bool, as_json: bool)
                         break
                     deleted, attempts = deleted + done.messages, attempts + done.attempts
                     progress.advance(task, done.messages)
+            while removed := ops.prune_audit_batch(session, cutoff, limit=batch):
+                session.commit()
+                audit += removed
     report = {
         "cutoff": cutoff.isoformat(),
         "dry_run": dry_run,
         "messages": total if dry_run else deleted,
         "attempts": attempts,
+        "audit": audit,
     }
     if as_json:
         echo_json(report)
@@ -67,6 +73,6 @@ def prune_command(cutoff: dt.datetime, batch: int, dry_run: bool, as_json: bool)
         )
     else:
         click.echo(
-            f"deleted {deleted} final messages and {attempts} attempts "
+            f"deleted {deleted} final messages, {attempts} attempts and {audit} audit rows "
             f"last changed before {cutoff:%Y-%m-%d %H:%M} UTC"
         )

@@ -25,8 +25,9 @@ from delivery.errors import MessageNotFound
 __all__ = ["cancel_command", "redrive_command", "resolve_command"]
 
 
-def _redrive_row(result: ops.RedriveResult) -> dict[str, Any]:
-    return {
+def _redrive_row(result: ops.RedriveResult, would: bool | None = None) -> dict[str, Any]:
+    """One result as JSON; a dry run says ``would_redrive`` and never ``redriven: true``."""
+    row = {
         "ref": result.ref,
         "id": result.id,
         "key": result.key,
@@ -34,6 +35,9 @@ def _redrive_row(result: ops.RedriveResult) -> dict[str, Any]:
         "redriven": result.redriven,
         "reason": result.reason,
     }
+    if would is not None:
+        row["would_redrive"] = would
+    return row
 
 
 _BULK = 500
@@ -67,6 +71,7 @@ def redrive_command(
         _redrive_all_dead(since, code, dry_run, as_json)
         return
     rows: list[dict[str, Any]] = []
+    would: dict[str, bool] = {}
     with open_session() as session:
         for ref in refs:
             try:
@@ -75,10 +80,11 @@ def redrive_command(
                     ok = message.status in ops.REDRIVABLE
                     reason = None if ok else f"message is {message.status}"
                     result = ops.RedriveResult(
-                        ref, message.id, message.key, message.status, ok, reason
+                        ref, message.id, message.key, message.status, False, reason
                     )
+                    would[ref] = ok
                 else:
-                    (result,) = ops.redrive(session, [ref])
+                    (result,) = ops.redrive(session, [ref], actor=ops.cli_actor())
             except MessageNotFound as exc:
                 rows.append(
                     {
@@ -91,7 +97,7 @@ def redrive_command(
                     }
                 )
             else:
-                rows.append(_redrive_row(result))
+                rows.append(_redrive_row(result, would.get(ref) if dry_run else None))
         if not dry_run:
             session.commit()
     if as_json:
@@ -99,7 +105,7 @@ def redrive_command(
     else:
         done = "would redrive" if dry_run else "redriven"
         for row in rows:
-            if row["redriven"]:
+            if row["redriven"] or row.get("would_redrive"):
                 click.echo(
                     f"{done} {row['ref']}: message {row['id']} (key {row['key']!r}) "
                     f"{row['from_status']} -> pending"
@@ -112,7 +118,7 @@ def redrive_command(
                     f"(key {row['key']!r}): {row['reason']}",
                     err=True,
                 )
-    if not all(row["redriven"] for row in rows):
+    if not all(row["redriven"] or row.get("would_redrive") for row in rows):
         raise SystemExit(1)
 
 
@@ -131,8 +137,9 @@ def _redrive_all_dead(
                     "id": m.id,
                     "key": m.key,
                     "from_status": m.status,
-                    "redriven": True,
-                    "reason": None,
+                    "redriven": False,
+                    "would_redrive": True,
+                    "reason": "dry run: nothing changed",
                 }
                 for m in messages
             ]
@@ -140,14 +147,16 @@ def _redrive_all_dead(
             with progress_bar() as progress:
                 task = progress.add_task("redriving", total=len(ids))
                 for start in range(0, len(ids), _BULK):
-                    results = ops.redrive_ids(session, ids[start : start + _BULK])
+                    results = ops.redrive_ids(
+                        session, ids[start : start + _BULK], actor=ops.cli_actor()
+                    )
                     session.commit()
                     rows.extend(_redrive_row(result) for result in results)
                     progress.advance(task, _BULK)
     if as_json:
         echo_json(rows)
         return
-    redriven = sum(1 for row in rows if row["redriven"])
+    redriven = sum(1 for row in rows if row["redriven"] or row.get("would_redrive"))
     if dry_run:
         click.echo(f"would redrive {redriven} dead messages")
         table = new_table("id", "key", "status")
@@ -181,7 +190,7 @@ def resolve_command(ref: str, to_status: str, as_json: bool) -> None:
     Exits 1 if the message is not unknown.
     """
     with open_session() as session:
-        result = ops.resolve(session, ref, to_status)
+        result = ops.resolve(session, ref, to_status, actor=ops.cli_actor())
         session.commit()
     if as_json:
         echo_json(asdict(result))
@@ -208,7 +217,7 @@ def cancel_command(refs: tuple[str, ...], as_json: bool) -> None:
     results: list[ops.CancelResult] = []
     with open_session() as session:
         for ref in refs:
-            results.append(ops.cancel(session, ref))
+            results.append(ops.cancel(session, ref, actor=ops.cli_actor()))
         session.commit()
     if as_json:
         echo_json([asdict(result) for result in results])

@@ -3,7 +3,8 @@
 Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides (the
 ``delivery`` CLI commits after a successful ``redrive``). Each repair is one conditional
 UPDATE on the expected status (``_conditional``): a concurrent change is reported, never
-overwritten, and every change emits a ``Transition``.
+overwritten, and every change emits a ``Transition`` and writes an audit row (``actor``: who
+asked; see ``delivery.ops.audit``) in the same transaction.
 
 - ``redrive``: ``dead`` or ``unknown`` back to ``pending`` with the same key, so a provider
   that deduplicates on it cannot deliver it twice. An ``unknown`` message may already have
@@ -22,6 +23,7 @@ from sqlalchemy import CursorResult, case, select, update
 from sqlalchemy.orm import Session
 
 from delivery.observability.events import Transition, emit
+from delivery.ops.audit import DEFAULT_ACTOR, record
 from delivery.ops.inspect import find
 from delivery.pipeline.models import Message, utcnow
 from delivery.pipeline.status import Status
@@ -81,7 +83,9 @@ class CancelResult(_Repaired):
     reason: str | None = None
 
 
-def redrive(session: Session, refs: Sequence[str]) -> list[RedriveResult]:
+def redrive(
+    session: Session, refs: Sequence[str], *, actor: str = DEFAULT_ACTOR
+) -> list[RedriveResult]:
     """Put ``dead`` and ``unknown`` messages back to ``pending`` with the same key.
 
     Attempts restart at 0 and the message is due now; ``last_error_code``/``last_error`` are
@@ -92,16 +96,20 @@ def redrive(session: Session, refs: Sequence[str]) -> list[RedriveResult]:
     status, so a concurrent change is reported, never overwritten. The caller commits; a
     ``Transition`` with ``outcome="redrive"`` is emitted for each redriven message.
     """
-    return _redrive(session, [(ref, find(session, ref)) for ref in refs])
+    return _redrive(session, [(ref, find(session, ref)) for ref in refs], actor)
 
 
-def redrive_ids(session: Session, ids: Sequence[int]) -> list[RedriveResult]:
+def redrive_ids(
+    session: Session, ids: Sequence[int], *, actor: str = DEFAULT_ACTOR
+) -> list[RedriveResult]:
     """``redrive`` by message id (bulk redrive); ids that no longer exist are skipped."""
     messages = session.scalars(select(Message).where(Message.id.in_(ids)).order_by(Message.id))
-    return _redrive(session, [(str(message.id), message) for message in messages])
+    return _redrive(session, [(str(message.id), message) for message in messages], actor)
 
 
-def _redrive(session: Session, messages: Sequence[tuple[str, Message]]) -> list[RedriveResult]:
+def _redrive(
+    session: Session, messages: Sequence[tuple[str, Message]], actor: str
+) -> list[RedriveResult]:
     allowed = [status.value for status in REDRIVABLE]
     results: list[RedriveResult] = []
     for ref, message in messages:
@@ -125,11 +133,23 @@ def _redrive(session: Session, messages: Sequence[tuple[str, Message]]) -> list[
             results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
             continue
         _emit(message, previous, Status.PENDING, "redrive")
+        detail = "provider asked first (lookup)" if message.needs_lookup else "same key"
+        record(
+            session,
+            actor=actor,
+            action="redrive",
+            message=message,
+            from_status=previous,
+            to_status=Status.PENDING.value,
+            detail=detail,
+        )
         results.append(RedriveResult(ref, message.id, message.key, previous, True))
     return results
 
 
-def resolve(session: Session, ref: str, to_status: Status | str) -> ResolveResult:
+def resolve(
+    session: Session, ref: str, to_status: Status | str, *, actor: str = DEFAULT_ACTOR
+) -> ResolveResult:
     """Declare an ``unknown`` message ``sent`` or ``dead`` after checking with the provider.
 
     ``sent`` sets ``sent_at`` to now; ``dead`` keeps the last error for the record. Any other
@@ -153,10 +173,18 @@ def resolve(session: Session, ref: str, to_status: Status | str) -> ResolveResul
         reason = f"message changed to {message.status} while resolving; nothing done"
         return ResolveResult(ref, message.id, message.key, previous, target.value, False, reason)
     _emit(message, previous, target, "resolve")
+    record(
+        session,
+        actor=actor,
+        action="resolve",
+        message=message,
+        from_status=previous,
+        to_status=target.value,
+    )
     return ResolveResult(ref, message.id, message.key, previous, target.value, True)
 
 
-def cancel(session: Session, ref: str) -> CancelResult:
+def cancel(session: Session, ref: str, *, actor: str = DEFAULT_ACTOR) -> CancelResult:
     """Cancel a ``pending`` message: it will never be sent.
 
     A message a worker may already be sending (``dispatched``, ``sending``) is reported
@@ -179,6 +207,14 @@ def cancel(session: Session, ref: str) -> CancelResult:
         reason = f"too late: message changed to {message.status} while cancelling"
         return CancelResult(ref, message.id, message.key, previous, False, True, reason)
     _emit(message, previous, Status.CANCELLED, "cancel")
+    record(
+        session,
+        actor=actor,
+        action="cancel",
+        message=message,
+        from_status=previous,
+        to_status=Status.CANCELLED.value,
+    )
     return CancelResult(ref, message.id, message.key, previous, True)
 
 

@@ -30,10 +30,12 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 __all__ = [
     "Attempt",
+    "AuditEntry",
     "Base",
     "Message",
     "UTCDateTime",
     "attempts_table",
+    "audit_table",
     "messages_table",
     "utcnow",
 ]
@@ -121,6 +123,10 @@ class Message(Base):
             sqlite_where=text("status IN ('dispatched', 'sending')"),
         ),
         Index("ix_delivery_messages_status", "status", "updated_at"),
+        # The console's keyset pages: newest first within a status, a provider, an error code.
+        Index("ix_delivery_messages_status_id", "status", "id"),
+        Index("ix_delivery_messages_provider_id", "provider", "id"),
+        Index("ix_delivery_messages_code_id", "last_error_code", "id"),
     )
 
     def __repr__(self) -> str:
@@ -145,7 +151,31 @@ class Attempt(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     latency_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
 
+    __table_args__ = (
+        # The console's charts read attempts by time (provider error rate per minute).
+        Index("ix_delivery_attempts_started_at", "started_at"),
+    )
+
+
+class AuditEntry(Base):
+    """One operator action (console, CLI, Django admin): who, when, what, on which message,
+    from which status to which. ``message_id`` is not a foreign key: the record outlives a
+    pruned message until ``prune`` removes it by age."""
+
+    __tablename__ = "delivery_audit"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    at: Mapped[dt.datetime] = mapped_column(UTCDateTime, index=True)
+    actor: Mapped[str] = mapped_column(String(128))
+    action: Mapped[str] = mapped_column(String(32))
+    message_id: Mapped[int | None] = mapped_column(Id, nullable=True, index=True)
+    message_key: Mapped[str | None] = mapped_column(String(255), nullable=True)
+    from_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    to_status: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+
 
 #: The Core tables, for the hot paths (relay, sender, sweeper) that skip the ORM.
 messages_table = cast(Table, Message.__table__)
 attempts_table = cast(Table, Attempt.__table__)
+audit_table = cast(Table, AuditEntry.__table__)

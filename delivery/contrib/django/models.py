@@ -112,3 +112,34 @@ class Attempt(models.Model):
 
     def __str__(self) -> str:
         return f"attempt {self.number} of message {self.message_id}: {self.outcome}"
+
+
+class AuditEntry(models.Model):
+    """One operator action (``delivery.pipeline.models.AuditEntry``): who, when, what, on which
+    message, from which status to which. Written by ``delivery.ops``; read-only here."""
+
+    id: models.BigAutoField[int, int] = models.BigAutoField(primary_key=True)
+    at: models.DateTimeField[dt.datetime, dt.datetime] = models.DateTimeField()
+    actor: models.CharField[str, str] = models.CharField(max_length=128)
+    action: models.CharField[str, str] = models.CharField(max_length=32)
+    message_id: models.BigIntegerField[int | None, int | None] = models.BigIntegerField(null=True)
+    message_key: models.CharField[str | None, str | None] = models.CharField(
+        max_length=255, null=True
+    )
+    from_status: models.CharField[str | None, str | None] = models.CharField(
+        max_length=16, null=True
+    )
+    to_status: models.CharField[str | None, str | None] = models.CharField(
+        max_length=16, null=True
+    )
+    detail: models.TextField[str | None, str | None] = models.TextField(null=True)
+
+    class Meta:
+        managed = False
+        db_table = "delivery_audit"
+        ordering = ("-id",)
+        verbose_name = "audit entry"
+        verbose_name_plural = "audit"
+
+    def __str__(self) -> str:
+        return f"{self.actor} {self.action} {self.message_key or ''}".rstrip()
