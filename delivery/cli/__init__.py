@@ -10,6 +10,7 @@ or the migrations) and renders the answer; none holds a query of its own:
 - ``watch``: ``watch``, ``metrics``;
 - ``breaker``: ``breaker status``, ``breaker reset``;
 - ``testing``: ``stub-provider``, ``demo``;
+- ``console``: ``console`` (the web console, ``delivery.console``);
 - ``common``: what they share (settings, the outbox session, tables, JSON, ``parse_since``).
 
 To add a command, write it in the module of its group and open the outbox with
@@ -28,7 +29,7 @@ from __future__ import annotations
 
 import click
 
-from delivery.cli import breaker, db, inspect, prune, repair, testing, watch
+from delivery.cli import breaker, console, db, inspect, prune, repair, testing, watch
 from delivery.cli.common import DeliveryGroup, parse_since
 
 __all__ = ["main", "parse_since"]
@@ -54,5 +55,6 @@ for _command in (
     testing.stub_provider_command,
     testing.demo,
     breaker.breaker_group,
+    console.console_command,
 ):
     main.add_command(_command)

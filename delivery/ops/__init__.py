@@ -15,8 +15,11 @@ framework (the ``delivery`` CLI, the Django admin and the metrics exporter all c
 Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides. The names
 below are the ops API (``delivery.ops.redrive``, ``delivery.ops.stats``, ...).
 
-May import: ``delivery.errors``, ``delivery.pipeline`` (models, status, validation) and
-``delivery.observability.events``; never the CLI, Celery or a provider.
+- ``breakers``: each provider's breaker as a row, and an audited reset.
+
+May import: ``delivery.errors``, ``delivery.pipeline`` (models, status, validation),
+``delivery.guards.breaker`` and ``delivery.observability.events``; never the CLI, Celery or a
+provider.
 """
 
 from __future__ import annotations
@@ -55,7 +58,7 @@ from delivery.ops.repair import (
     redrive_ids,
     resolve,
 )
-from delivery.ops.search import MessageFilter, Page, parse_filter, search
+from delivery.ops.search import MessageFilter, Page, matching_ids, parse_filter, search
 from delivery.ops.series import Series, series
 from delivery.ops.timeline import Event, timeline
 
@@ -79,6 +82,7 @@ __all__ = [
     "dead_ids",
     "entries",
     "find",
+    "matching_ids",
     "message_dict",
     "oldest_pending_age",
     "parse_filter",

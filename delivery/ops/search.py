@@ -26,7 +26,7 @@ from delivery.errors import InvalidFilter
 from delivery.pipeline.models import Message
 from delivery.pipeline.status import Status
 
-__all__ = ["FILTER_FIELDS", "MessageFilter", "Page", "parse_filter", "search"]
+__all__ = ["FILTER_FIELDS", "MessageFilter", "Page", "matching_ids", "parse_filter", "search"]
 
 _MAX_ID = 2**63 - 1
 PAGE_MAX = 200
@@ -138,7 +138,7 @@ def _prefix_bound(prefix: str) -> str:
 
 def page_query(
     session: Session, flt: MessageFilter, *, before: int | None, limit: int
-) -> Select[tuple[Message]]:
+) -> Select[Message]:
     """The one SELECT of a page (``search`` runs it; a test explains it)."""
     query = select(Message)
     if flt.prefix is not None:
@@ -178,3 +178,10 @@ def search(
     more = len(rows) > limit
     rows = rows[:limit]
     return Page(rows, rows[-1].id if more and rows else None)
+
+
+def matching_ids(session: Session, flt: MessageFilter, *, limit: int = 100_000) -> list[int]:
+    """The ids of every message ``flt`` matches (newest first, at most ``limit``): what a
+    bulk repair will touch, counted before it runs."""
+    query = page_query(session, flt, before=None, limit=limit).with_only_columns(Message.id)
+    return list(session.scalars(query))

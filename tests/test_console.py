@@ -1,0 +1,443 @@
+"""The ops console through its WSGI interface (Flask's test client) on a migrated SQLite
+outbox: every page and action, auth (401/403), CSRF, masking, and the audit rows."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import re
+import time
+from collections.abc import Iterator
+
+import pytest
+from flask import Flask
+from flask.testing import FlaskClient
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from delivery import ops
+from delivery.config.loading import load_settings
+from delivery.console import parse_users
+from delivery.console.app import create_app
+from delivery.errors import ConfigError
+from delivery.pipeline.models import Attempt, AuditEntry, Message, utcnow
+from tests.factories import RECIPIENT, add, message_values
+
+OPERATOR = ("ann", "correct-horse-battery")
+VIEWER = ("vic", "read-only-viewer-pass")
+
+
+def basic(user: tuple[str, str]) -> dict[str, str]:
+    token = base64.b64encode(f"{user[0]}:{user[1]}".encode()).decode()
+    return {"Authorization": f"Basic {token}"}
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[Flask]:
+    users = parse_users(
+        {
+            "DELIVERY_CONSOLE_AUTH": f"{OPERATOR[0]}:{OPERATOR[1]}",
+            "DELIVERY_CONSOLE_VIEWERS": f"{VIEWER[0]}:{VIEWER[1]}",
+        }
+    )
+    application = create_app(settings=load_settings(), users=users)
+    application.testing = True
+    yield application
+
+
+@pytest.fixture
+def client(app: Flask) -> FlaskClient:
+    return app.test_client()
+
+
+def get(client: FlaskClient, path: str, user: tuple[str, str] = OPERATOR, **kw: object):  # type: ignore[no-untyped-def]
+    return client.get(path, headers=basic(user), **kw)
+
+
+def token(client: FlaskClient, path: str, user: tuple[str, str] = OPERATOR) -> str:
+    page = get(client, path, user).get_data(as_text=True)
+    found = re.search(r'name="csrf_token" value="([0-9a-f]+)"', page)
+    assert found, f"no CSRF token on {path}"
+    return found.group(1)
+
+
+def post(client: FlaskClient, path: str, data: dict[str, str], user: tuple[str, str] = OPERATOR):  # type: ignore[no-untyped-def]
+    return client.post(path, data=data, headers=basic(user))
+
+
+def audit_rows(session: Session) -> list[AuditEntry]:
+    session.expire_all()
+    return list(session.scalars(select(AuditEntry).order_by(AuditEntry.id)))
+
+
+def status_of(session: Session, key: str) -> str:
+    session.expire_all()
+    return session.scalars(select(Message.status).where(Message.key == key)).one()
+
+
+# --- configuration ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("environ", "field", "words"),
+    [
+        ({}, "DELIVERY_CONSOLE_AUTH", "refuses to start"),
+        ({"DELIVERY_CONSOLE_AUTH": "ann:pw7x"}, "DELIVERY_CONSOLE_AUTH", "shorter than 12"),
+        ({"DELIVERY_CONSOLE_AUTH": "nocolon"}, "DELIVERY_CONSOLE_AUTH", "not user:password"),
+        (
+            {
+                "DELIVERY_CONSOLE_AUTH": "ann:aaaaaaaaaaaa",
+                "DELIVERY_CONSOLE_VIEWERS": "ann:bbbbbbbbbbbb",
+            },
+            "DELIVERY_CONSOLE_VIEWERS",
+            "also an operator",
+        ),
+    ],
+)
+def test_console_refuses_bad_credentials_naming_the_variable(
+    environ: dict[str, str], field: str, words: str
+) -> None:
+    """Missing operators, a short password, a malformed entry or a name in both lists is a
+    ConfigError naming the variable, and never echoes a password."""
+    with pytest.raises(ConfigError) as caught:
+        parse_users(environ)
+    assert caught.value.key == field
+    assert words in str(caught.value)
+    for value in environ.values():
+        secret = value.partition(":")[2]
+        assert not secret or secret not in str(caught.value)
+
+
+def test_cli_console_refuses_to_start_without_operators(
+    db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``delivery console`` without DELIVERY_CONSOLE_AUTH exits 2 naming the variable."""
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+
+    monkeypatch.delenv("DELIVERY_CONSOLE_AUTH", raising=False)
+    result = CliRunner().invoke(main, ["console", "--port", "0"])
+    assert result.exit_code == 2
+    assert "DELIVERY_CONSOLE_AUTH" in result.output
+
+
+# --- auth, CSRF ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", ["/", "/messages", "/dead", "/unknown", "/breakers", "/audit"])
+def test_every_page_needs_credentials(client: FlaskClient, path: str) -> None:
+    """No credentials or a wrong password gets 401 with a Basic challenge on every page."""
+    assert client.get(path).status_code == 401
+    wrong = client.get(path, headers=basic((OPERATOR[0], "wrong-password-123")))
+    assert wrong.status_code == 401
+    assert wrong.headers["WWW-Authenticate"].startswith("Basic")
+
+
+@pytest.mark.parametrize("path", ["/", "/messages", "/dead", "/unknown", "/breakers", "/audit"])
+def test_every_page_renders_for_operators_and_viewers(
+    client: FlaskClient, session: Session, path: str
+) -> None:
+    """Each page answers 200 to an operator and to a viewer, with a strict CSP (no script)."""
+    add(session, "order-1:receipt", "dead", last_error_code="21211")
+    for user in (OPERATOR, VIEWER):
+        response = get(client, path, user)
+        assert response.status_code == 200, response.get_data(as_text=True)
+        assert "default-src 'none'" in response.headers["Content-Security-Policy"]
+        assert "<script" not in response.get_data(as_text=True)
+
+
+def test_a_viewer_cannot_change_anything(client: FlaskClient, session: Session) -> None:
+    """A viewer's POST (with a valid token of theirs) is 403, the message stays dead, no audit
+    row is written, and the viewer sees no action buttons."""
+    message = add(session, "v-1", "dead")
+    page = get(client, "/messages/v-1", VIEWER).get_data(as_text=True)
+    assert "Redrive" not in page and "csrf_token" not in page
+    csrf = client.application.extensions["delivery_console"].csrf.token(VIEWER[0])
+    for path in (f"/act/{message.id}/redrive", f"/act/{message.id}/reveal", "/bulk/redrive-dead"):
+        response = post(client, path, {"csrf_token": csrf}, VIEWER)
+        assert response.status_code == 403, path
+    assert status_of(session, "v-1") == "dead"
+    assert audit_rows(session) == []
+
+
+def test_a_post_without_the_right_csrf_token_changes_nothing(
+    client: FlaskClient, session: Session
+) -> None:
+    """An operator's POST without a token, or with another user's, is 403 and changes
+    nothing."""
+    message = add(session, "c-1", "dead")
+    other = client.application.extensions["delivery_console"].csrf.token(VIEWER[0])
+    for data in ({}, {"csrf_token": "0" * 64}, {"csrf_token": other}):
+        response = post(client, f"/act/{message.id}/redrive", data)
+        assert response.status_code == 403
+        assert "CSRF" in response.get_data(as_text=True)
+    assert status_of(session, "c-1") == "dead"
+    assert audit_rows(session) == []
+
+
+# --- messages -------------------------------------------------------------------------------
+
+
+def test_search_masks_recipients_and_finds_by_key_prefix_id_status_and_code(
+    client: FlaskClient, session: Session
+) -> None:
+    """The list never shows a recipient; key (exact and prefix*), id, status, provider, code
+    and time filters each select the right messages."""
+    a = add(session, "order-42:receipt", "dead", last_error_code="21211")
+    add(session, "order-43:receipt", "sent")
+    add(session, "signup-1:otp", "pending", created_at=utcnow() - dt.timedelta(days=2))
+
+    def keys(query: str) -> list[str]:
+        page = get(client, f"/messages?{query}").get_data(as_text=True)
+        assert RECIPIENT not in page
+        return re.findall(r'<td class="key"><a [^>]*>([^<]+)</a>', page)
+
+    assert keys("") == ["signup-1:otp", "order-43:receipt", "order-42:receipt"]
+    assert keys("key=order-42:receipt") == ["order-42:receipt"]
+    assert keys("key=order-4*") == ["order-43:receipt", "order-42:receipt"]
+    assert keys("key=order-4") == []
+    assert keys(f"id={a.id}") == ["order-42:receipt"]
+    assert keys("status=sent") == ["order-43:receipt"]
+    assert keys("code=21211") == ["order-42:receipt"]
+    assert keys("provider=stub&status=pending") == ["signup-1:otp"]
+    since = (utcnow() - dt.timedelta(days=1)).isoformat()
+    assert "signup-1:otp" not in keys(f"since={since}")
+    assert "+1555" not in get(client, "/messages").get_data(as_text=True)
+
+
+@pytest.mark.parametrize(
+    ("query", "field"),
+    [("status=sen", "status"), ("id=abc", "id"), ("since=yesterday", "since"), ("key=a*b*", "key")],
+)
+def test_a_bad_filter_is_a_400_naming_the_field(
+    client: FlaskClient, query: str, field: str
+) -> None:
+    """A malformed filter answers 400 with the field named, not a 500 or an empty list."""
+    response = get(client, f"/messages?{query}")
+    assert response.status_code == 400
+    assert f"{field}:" in response.get_data(as_text=True)
+
+
+def test_search_pages_by_keyset(client: FlaskClient, session: Session) -> None:
+    """120 messages come in three pages of 50, 50 and 20, newest first, each once."""
+    for i in range(120):
+        session.add(Message(**message_values(f"p-{i:03d}")))
+    session.commit()
+    seen: list[str] = []
+    path = "/messages?key=p-*"
+    while path:
+        page = get(client, path).get_data(as_text=True)
+        seen += re.findall(r'<td class="key"><a [^>]*>([^<]+)</a>', page)
+        nxt = re.search(r'href="(/messages\?[^"]*before=[^"]*)">older', page)
+        path = nxt.group(1).replace("&amp;", "&") if nxt else ""
+    assert seen == [f"p-{i:03d}" for i in reversed(range(120))]
+
+
+def test_message_page_opens_by_key_or_id_and_shows_the_timeline(
+    client: FlaskClient, session: Session
+) -> None:
+    """``/messages/<key>`` and ``/messages/<id>`` open the message: masked recipient, its
+    attempts with codes, a Flower link by key; an unknown ref is a 404."""
+    message = add(session, "order-7:receipt", "dead", last_error_code="21211", attempts=1)
+    session.add(
+        Attempt(
+            message_id=message.id,
+            number=1,
+            kind="send",
+            started_at=utcnow(),
+            outcome="permanent",
+            http_status=400,
+            error_code="21211",
+            latency_ms=12.0,
+        )
+    )
+    session.commit()
+    for ref in ("order-7:receipt", str(message.id)):
+        page = get(client, f"/messages/{ref}").get_data(as_text=True)
+        assert "order-7:receipt" in page and "21211" in page and "permanent" in page
+        assert RECIPIENT not in page
+        assert "/task/order-7%3Areceipt" in page
+    assert get(client, "/messages/nope").status_code == 404
+
+
+def test_redrive_from_the_message_page_confirms_then_redrives_and_audits(
+    client: FlaskClient, session: Session
+) -> None:
+    """The confirmation says the key is kept and changes nothing; the POST redrives, and an
+    audit row (console:ann, dead -> pending) shows on the message page and on /audit."""
+    message = add(session, "r-1:otp", "dead")
+    confirm = get(client, f"/act/{message.id}/redrive").get_data(as_text=True)
+    assert "same key" in confirm and "dedupe" in confirm
+    assert status_of(session, "r-1:otp") == "dead"
+    csrf = token(client, f"/act/{message.id}/redrive")
+    response = post(client, f"/act/{message.id}/redrive", {"csrf_token": csrf})
+    assert response.status_code == 303
+    assert status_of(session, "r-1:otp") == "pending"
+    (row,) = audit_rows(session)
+    assert (row.actor, row.action, row.message_id, row.from_status, row.to_status) == (
+        "console:ann",
+        "redrive",
+        message.id,
+        "dead",
+        "pending",
+    )
+    page = get(client, "/messages/r-1:otp").get_data(as_text=True)
+    assert "redrive by console:ann" in page
+    assert "console:ann" in get(client, "/audit").get_data(as_text=True)
+
+
+def test_unknown_message_confirmation_says_a_lookup_runs_first(
+    client: FlaskClient, session: Session
+) -> None:
+    """For an unknown message on a provider that can look keys up, the redrive confirmation
+    says the provider is asked first; resolve as sent / dead are offered and audited."""
+    message = add(session, "u-1", "unknown")
+    page = get(client, "/messages/u-1").get_data(as_text=True)
+    assert "Resolve as sent" in page and "Resolve as dead" in page
+    assert "lookup runs first" in get(client, f"/act/{message.id}/redrive").get_data(as_text=True)
+    csrf = token(client, f"/act/{message.id}/resolve-sent")
+    post(client, f"/act/{message.id}/resolve-sent", {"csrf_token": csrf})
+    assert status_of(session, "u-1") == "sent"
+    assert [(r.action, r.from_status, r.to_status) for r in audit_rows(session)] == [
+        ("resolve", "unknown", "sent")
+    ]
+
+
+def test_cancel_a_pending_message_and_not_a_sent_one(client: FlaskClient, session: Session) -> None:
+    """Cancel applies to pending only: it is offered and audited there; for a sent message
+    it is not offered and a forced POST changes nothing and writes no audit row."""
+    pending = add(session, "x-1", "pending")
+    sent = add(session, "x-2", "sent")
+    assert "Cancel" not in get(client, "/messages/x-2").get_data(as_text=True)
+    csrf = token(client, f"/act/{pending.id}/cancel")
+    post(client, f"/act/{pending.id}/cancel", {"csrf_token": csrf})
+    post(client, f"/act/{sent.id}/cancel", {"csrf_token": csrf})
+    assert (status_of(session, "x-1"), status_of(session, "x-2")) == ("cancelled", "sent")
+    assert [(r.message_key, r.action) for r in audit_rows(session)] == [("x-1", "cancel")]
+
+
+def test_reveal_is_an_audited_operator_post(client: FlaskClient, session: Session) -> None:
+    """The recipient appears only after an operator's reveal POST, which writes an audit
+    row; a GET cannot reveal."""
+    message = add(session, "secret-1", "sent")
+    assert RECIPIENT not in get(client, "/messages/secret-1?reveal=1").get_data(as_text=True)
+    csrf = token(client, "/messages/secret-1")
+    shown = post(client, f"/act/{message.id}/reveal", {"csrf_token": csrf})
+    assert RECIPIENT in shown.get_data(as_text=True)
+    (row,) = audit_rows(session)
+    assert (row.actor, row.action, row.message_key) == ("console:ann", "reveal", "secret-1")
+    assert RECIPIENT not in (row.detail or "")
+
+
+# --- bulk -----------------------------------------------------------------------------------
+
+
+def test_bulk_redrive_counts_first_then_runs_with_progress(
+    client: FlaskClient, session: Session, app: Flask
+) -> None:
+    """The dry run counts the matching dead messages and changes nothing; the run redrives
+    exactly those (filtered by code), reports progress to the end, and audits each one."""
+    for i in range(5):
+        add(session, f"bulk-{i}", "dead", last_error_code="503" if i < 3 else "21211")
+    confirm = get(client, "/bulk/redrive-dead?code=503").get_data(as_text=True)
+    assert "<strong>3</strong> dead messages match" in confirm
+    assert [status_of(session, f"bulk-{i}") for i in range(5)] == ["dead"] * 5
+    csrf = token(client, "/bulk/redrive-dead?code=503")
+    started = post(client, "/bulk/redrive-dead?code=503", {"csrf_token": csrf, "code": "503"})
+    assert started.status_code == 303
+    job_id = started.headers["Location"].rsplit("/", 1)[1]
+    progress = app.extensions["delivery_console"].jobs.get(job_id)
+    for _ in range(200):
+        if progress.finished:
+            break
+        time.sleep(0.05)
+    page = get(client, f"/jobs/{job_id}").get_data(as_text=True)
+    assert "3 of 3 looked at" in page and "finished" in page
+    assert [status_of(session, f"bulk-{i}") for i in range(5)] == ["pending"] * 3 + ["dead"] * 2
+    assert sorted(r.message_key or "" for r in audit_rows(session)) == [
+        "bulk-0",
+        "bulk-1",
+        "bulk-2",
+    ]
+
+
+def test_bulk_resolve_unknown_as_dead(client: FlaskClient, session: Session, app: Flask) -> None:
+    """Bulk resolve on /unknown settles every matching unknown message and audits each."""
+    add(session, "q-1", "unknown")
+    add(session, "q-2", "unknown")
+    csrf = token(client, "/bulk/resolve-dead")
+    started = post(client, "/bulk/resolve-dead", {"csrf_token": csrf})
+    job = app.extensions["delivery_console"].jobs.get(started.headers["Location"].rsplit("/", 1)[1])
+    for _ in range(200):
+        if job.finished:
+            break
+        time.sleep(0.05)
+    assert (status_of(session, "q-1"), status_of(session, "q-2")) == ("dead", "dead")
+    assert [r.action for r in audit_rows(session)] == ["resolve", "resolve"]
+
+
+# --- breakers, audit, prune -----------------------------------------------------------------
+
+
+def test_breakers_page_says_why_without_shared_redis(client: FlaskClient) -> None:
+    """Without DELIVERY_REDIS_URL the page says breakers are per worker instead of failing."""
+    page = get(client, "/breakers").get_data(as_text=True)
+    assert "DELIVERY_REDIS_URL is not set" in page
+
+
+def test_cli_repairs_are_audited_with_the_cli_actor(session: Session) -> None:
+    """``delivery redrive`` writes an audit row whose actor is cli:$USER; the timeline then
+    numbers the attempts across the redrive and places the redrive between them."""
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+
+    message = add(session, "cli-1", "dead", attempts=1)
+    session.add(
+        Attempt(
+            message_id=message.id,
+            number=1,
+            kind="send",
+            started_at=utcnow() - dt.timedelta(seconds=5),
+            outcome="permanent",
+        )
+    )
+    session.commit()
+    result = CliRunner().invoke(main, ["redrive", "cli-1"])
+    assert result.exit_code == 0, result.output
+    (row,) = audit_rows(session)
+    assert row.actor == ops.cli_actor() and row.actor.startswith("cli:")
+    session.add(
+        Attempt(
+            message_id=message.id,
+            number=1,
+            kind="send",
+            started_at=utcnow() + dt.timedelta(seconds=1),
+            outcome="delivered",
+        )
+    )
+    session.commit()
+    shown, attempts = ops.show(session, "cli-1")
+    events = ops.timeline(session, shown, attempts)
+    assert [(e.round, e.seq, e.audit.action if e.audit else None) for e in events] == [
+        (1, 1, None),
+        (2, None, "redrive"),
+        (2, 2, None),
+    ]
+
+
+def test_prune_removes_old_audit_rows_and_keeps_recent_ones(session: Session) -> None:
+    """``delivery prune --older-than 30d`` deletes audit rows older than the cutoff, like the
+    messages, and keeps the recent ones."""
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+
+    ops.record(session, actor="cli:old", action="redrive", at=utcnow() - dt.timedelta(days=40))
+    ops.record(session, actor="cli:new", action="redrive")
+    session.commit()
+    result = CliRunner().invoke(main, ["prune", "--older-than", "30d", "--json"])
+    assert result.exit_code == 0, result.output
+    assert '"audit": 1' in result.output
+    assert [r.actor for r in audit_rows(session)] == ["cli:new"]
