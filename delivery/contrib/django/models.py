@@ -129,9 +129,7 @@ class AuditEntry(models.Model):
     from_status: models.CharField[str | None, str | None] = models.CharField(
         max_length=16, null=True
     )
-    to_status: models.CharField[str | None, str | None] = models.CharField(
-        max_length=16, null=True
-    )
+    to_status: models.CharField[str | None, str | None] = models.CharField(max_length=16, null=True)
     detail: models.TextField[str | None, str | None] = models.TextField(null=True)
 
     class Meta:
