@@ -25,8 +25,8 @@ class ChartSpec:
 
     title: str
     unit: str = ""
-    width: int = 560
-    height: int = 170
+    width: int = 430
+    height: int = 180
 
 
 def _fmt(value: float) -> str:
@@ -41,7 +41,7 @@ def line_chart(
     series: Mapping[str, Sequence[float | None]],
 ) -> Markup:
     """An SVG line chart of ``series`` over the buckets starting at ``starts``."""
-    left, right, top, bottom = 44, 8, 22, 30
+    left, right, top, bottom = 44, 18, 36, 30
     width, height = spec.width, spec.height
     plot_w, plot_h = width - left - right, height - top - bottom
     values = [v for points in series.values() for v in points if v is not None]
@@ -92,8 +92,8 @@ def line_chart(
                 )
         legend_x -= 8 + 7 * len(name) + 12
         parts.append(
-            f'<rect x="{legend_x}" y="6" width="9" height="9" fill="{color}"/>'
-            f'<text x="{legend_x + 12}" y="14" class="legend">{escape(name)}</text>'
+            f'<rect x="{legend_x}" y="20" width="9" height="9" fill="{color}"/>'
+            f'<text x="{legend_x + 12}" y="28" class="legend">{escape(name)}</text>'
         )
     if not values:
         parts.append(
