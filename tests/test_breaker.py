@@ -346,9 +346,10 @@ def test_bad_breaker_config_names_the_key(table: dict[str, Any], key: str) -> No
     assert caught.value.key == key
 
 
-def test_cli_breaker_status_and_reset(redis_client: Any, tmp_path: Path) -> None:
+def test_cli_breaker_status_and_reset(redis_client: Any, pg_engine: Any, tmp_path: Path) -> None:
     """`breaker status --json` shows an open breaker with its next probe time; `breaker
-    reset` closes it; an unknown provider exits 2 naming it."""
+    reset` closes it and writes an audit row (cli:$USER); an unknown provider exits 2 naming
+    it."""
     name = f"cli{uuid.uuid4().hex[:6]}"
     config = tmp_path / "cli.toml"
     config.write_text(
@@ -372,6 +373,12 @@ def test_cli_breaker_status_and_reset(redis_client: Any, tmp_path: Path) -> None
         reset = runner.invoke(main, ["breaker", "reset", name], env=env)
         assert reset.exit_code == 0 and f"breaker {name}: open -> closed" in reset.output
         assert b.status().state == "closed"
+        with pg_engine.connect() as conn:
+            audited = conn.exec_driver_sql(
+                "SELECT actor, detail FROM delivery_audit WHERE action = 'breaker_reset' "
+                "ORDER BY id DESC LIMIT 1"
+            ).one()
+        assert audited[0].startswith("cli:") and f"breaker {name}: open -> closed" in audited[1]
         unknown = runner.invoke(main, ["breaker", "reset", "nope"], env=env)
         assert unknown.exit_code == 2 and "'nope' is not a configured provider" in unknown.output
         no_redis = runner.invoke(main, ["breaker", "status"], env={**env, "DELIVERY_REDIS_URL": ""})

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import datetime as dt
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
 
 import click
 import redis
@@ -16,9 +14,12 @@ from delivery.cli.common import (
     echo_json,
     new_console,
     new_table,
+    open_session,
 )
 from delivery.errors import ConfigError
 from delivery.guards.breaker import Breakers
+from delivery.ops.audit import cli_actor
+from delivery.ops.breakers import breaker_rows, reset_breaker
 
 __all__ = ["breaker_group"]
 
@@ -51,41 +52,24 @@ def _breakers() -> Iterator[Breakers]:
         breakers.close()
 
 
-def _when(epoch: float | None) -> str | None:
-    return None if epoch is None else dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat()
-
-
 @breaker_group.command("status")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list, one object per provider.")
 def breaker_status(as_json: bool) -> None:
-    """Show each provider's breaker: state, failures in the window, next probe time."""
+    """Show each provider's breaker: state (closed, open, half-open), failures in the window,
+    next probe time."""
     with _breakers() as breakers:
-        rows: list[dict[str, Any]] = []
-        for name in breakers.settings.providers:
-            status = breakers.get(name).status()
-            config = breakers.settings.providers[name].breaker
-            rows.append(
-                {
-                    "provider": name,
-                    "state": status.state,
-                    "failures": status.failures,
-                    "failure_threshold": config.failure_threshold,
-                    "window": config.window,
-                    "next_probe_at": _when(status.next_probe_at),
-                    "probe_in_flight": status.probe_in_flight,
-                }
-            )
+        rows = breaker_rows(breakers)
     if as_json:
-        echo_json(rows)
+        echo_json([row.as_dict() for row in rows])
         return
     table = new_table("provider", "state", "failures in window", "next probe (UTC)", "probe")
     for row in rows:
         table.add_row(
-            cell(row["provider"]),
-            cell(row["state"]),
-            cell(f"{row['failures']}/{row['failure_threshold']} in {row['window']:g} s"),
-            cell(row["next_probe_at"] and row["next_probe_at"][:19].replace("T", " ")),
-            cell("in flight" if row["probe_in_flight"] else None),
+            cell(row.provider),
+            cell(row.state),
+            cell(f"{row.failures}/{row.failure_threshold} in {row.window:g} s"),
+            cell(row.next_probe_at),
+            cell("in flight" if row.probe_in_flight else None),
         )
     new_console().print(table)
 
@@ -93,12 +77,14 @@ def breaker_status(as_json: bool) -> None:
 @breaker_group.command("reset")
 @click.argument("provider")
 def breaker_reset(provider: str) -> None:
-    """Close PROVIDER's breaker by hand and forget its failures."""
+    """Close PROVIDER's breaker by hand and forget its failures (recorded in the audit)."""
     with _breakers() as breakers:
         if provider not in breakers.settings.providers:
             known = ", ".join(breakers.settings.providers)
             raise click.BadParameter(
                 f"{provider!r} is not a configured provider ({known})", param_hint="PROVIDER"
             )
-        before = breakers.get(provider).reset()
+        with open_session(breakers.settings) as session:
+            before = reset_breaker(session, breakers, provider, actor=cli_actor())
+            session.commit()
     click.echo(f"breaker {provider}: {before} -> closed")

@@ -34,6 +34,7 @@ from delivery.runtime.db import make_engine, make_sessionmaker
 F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
+    "PIPE_WIDTH",
     "DeliveryGroup",
     "age",
     "cell",
@@ -127,8 +128,18 @@ def open_session(settings: Settings | None = None) -> Iterator[Session]:
         yield session
 
 
+PIPE_WIDTH = 4096
+"""The width of tables written to a pipe, a file or cron's mail: wide enough that a key (255
+characters) or an error code is never split across lines."""
+
+
 def new_console() -> Console:
-    return Console(highlight=False, soft_wrap=False)
+    """A console for stdout. On a terminal, tables fit its width (long values fold); anywhere
+    else (a pipe, a file, cron) nothing wraps, so ``grep KEY`` and ``cut`` see whole values."""
+    console = Console(highlight=False, soft_wrap=False)
+    if console.is_terminal:
+        return console
+    return Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
 
 
 def cell(value: object) -> Text:

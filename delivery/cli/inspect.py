@@ -20,7 +20,7 @@ from delivery.cli.common import (
     open_session,
     since_option,
 )
-from delivery.pipeline.models import Attempt, Message
+from delivery.pipeline.models import Message
 
 __all__ = ["dead_command", "show", "stats"]
 
@@ -92,32 +92,56 @@ def dead_command(since: dt.datetime | None, code: str | None, limit: int, as_jso
     new_console().print(_messages_table(messages, f"{len(messages)} dead"))
 
 
-def _attempts_table(attempts: Sequence[Attempt]) -> Table:
-    table = new_table("#", "kind", "started (UTC)", "outcome", "http", "code", "ms", "error")
-    table.title = "attempts"
-    for attempt in attempts:
-        latency = None if attempt.latency_ms is None else f"{attempt.latency_ms:.0f}"
-        table.add_row(
-            cell(attempt.number),
-            cell(attempt.kind),
-            cell(attempt.started_at),
-            cell(attempt.outcome),
-            cell(attempt.http_status),
-            cell(attempt.error_code),
-            cell(latency),
-            cell(attempt.error),
-        )
+def _timeline_table(events: Sequence[ops.Event]) -> Table:
+    """Attempts numbered across redrives (``#``), each with its try number within its round,
+    and the operator actions (redrive, resolve, ...) between them."""
+    table = new_table(
+        "#", "round", "when (UTC)", "what", "outcome", "http", "code", "ms", "error / detail"
+    )
+    table.title = "timeline"
+    for event in events:
+        attempt, action = event.attempt, event.audit
+        if attempt is not None:
+            latency = None if attempt.latency_ms is None else f"{attempt.latency_ms:.0f}"
+            table.add_row(
+                cell(event.seq),
+                cell(event.round),
+                cell(attempt.started_at),
+                cell(f"{attempt.kind} (try {attempt.number})"),
+                cell(attempt.outcome),
+                cell(attempt.http_status),
+                cell(attempt.error_code),
+                cell(latency),
+                cell(attempt.error),
+            )
+        elif action is not None:
+            moved = f"{action.from_status} -> {action.to_status}" if action.from_status else None
+            table.add_row(
+                cell(None),
+                cell(event.round),
+                cell(action.at),
+                cell(f"{action.action} by {action.actor}"),
+                cell(moved),
+                cell(None),
+                cell(None),
+                cell(None),
+                cell(action.detail),
+            )
     return table
 
 
 @click.command()
 @click.argument("ref", metavar="ID_OR_KEY")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with the attempts.")
-@click.option("--reveal", is_flag=True, help="Show the recipient and payload unmasked.")
+@click.option("--reveal", is_flag=True, help="Show the recipient and payload unmasked (audited).")
 def show(ref: str, as_json: bool, reveal: bool) -> None:
     """Show one message and its full attempt log."""
     with open_session() as session:
         message, attempts = ops.show(session, ref)
+        if reveal:
+            ops.reveal(session, ref, actor=ops.cli_actor())
+            session.commit()
+        events = ops.timeline(session, message, attempts)
     data = ops.message_dict(message, attempts, reveal=reveal)
     if as_json:
         echo_json(data)
@@ -133,7 +157,7 @@ def show(ref: str, as_json: bool, reveal: bool) -> None:
         grid.add_row(Text(name), cell(value))
     console = new_console()
     console.print(grid)
-    if attempts:
-        console.print(_attempts_table(attempts))
+    if events:
+        console.print(_timeline_table(events))
     else:
         console.print("no attempts yet")

@@ -24,6 +24,7 @@ from delivery.cli.common import (
 )
 from delivery.config.settings import Settings
 from delivery.guards.breaker import Breakers
+from delivery.ops.breakers import state_name
 from delivery.pipeline.models import utcnow
 from delivery.runtime.db import make_sessionmaker
 
@@ -37,7 +38,7 @@ def _breaker_states(settings: Settings, breakers: Breakers | None) -> dict[str, 
     states: dict[str, str] = {}
     for name in settings.providers:
         status = breakers.get(name).status()
-        states[name] = status.state if status.source == "redis" else "unreachable"
+        states[name] = state_name(status.state) if status.source == "redis" else "unreachable"
     return states
 
 
@@ -76,7 +77,7 @@ def _watch_view(snapshot: dict[str, Any]) -> Group:
     rates.add_row(cell("relay lag"), cell(age(snapshot["relay_lag_seconds"])))
     breakers = new_table("provider", "breaker")
     for provider, state in snapshot["breakers"].items():
-        style = {"open": "bold red", "half_open": "yellow", "closed": "green"}.get(state, "dim")
+        style = {"open": "bold red", "half-open": "yellow", "closed": "green"}.get(state, "dim")
         breakers.add_row(cell(provider), Text(state, style=style))
     return Group(statuses, rates, breakers)
 
@@ -94,7 +95,8 @@ def _watch_view(snapshot: dict[str, Any]) -> Group:
 def watch_command(interval: float, once: bool, as_json: bool) -> None:
     """A live view: counts by status and their change, rates, oldest pending, breakers.
 
-    Refreshes every --interval seconds until Ctrl-C.
+    Refreshes every --interval seconds until Ctrl-C. Without a terminal (a pipe, a log) it
+    prints one frame per refresh; --json prints one JSON line per refresh.
     """
     settings = current_settings()
     breakers = None if settings.redis_url is None else Breakers(settings)
@@ -111,6 +113,14 @@ def watch_command(interval: float, once: bool, as_json: bool) -> None:
             if as_json:
                 while True:
                     echo_json(snapshot)
+                    time.sleep(interval)
+                    snapshot = _snapshot(engine, settings, breakers, snapshot)
+            if not console.is_terminal:
+                # No terminal to redraw in (a pipe, a file, a service's log): print each
+                # frame as it comes, so the output shows up now, not at Ctrl-C.
+                while True:
+                    console.print(_watch_view(snapshot))
+                    console.file.flush()
                     time.sleep(interval)
                     snapshot = _snapshot(engine, settings, breakers, snapshot)
             with Live(_watch_view(snapshot), console=console, auto_refresh=False) as live:

@@ -77,7 +77,9 @@ def _table(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
 def _only(table: Mapping[str, Any], allowed: set[str] | Mapping[str, Any], where: str) -> None:
     for key in table:
         if key not in allowed:
-            raise ConfigError(f"{where}{key}", f"unknown key (expected one of {sorted(allowed)})")
+            raise ConfigError(
+                f"{where}{key}", f"unknown key (expected one of {', '.join(sorted(allowed))})"
+            )
 
 
 def _number(value: Any, key: str, kind: type, minimum: float) -> Any:
@@ -122,7 +124,7 @@ def _breaker(table: Mapping[str, Any], where: str) -> BreakerConfig:
         choice = table["on_redis_error"]
         if choice not in ON_REDIS_ERROR:
             raise ConfigError(
-                f"{where}on_redis_error", f"{choice!r} is not one of {ON_REDIS_ERROR}"
+                f"{where}on_redis_error", f"{choice!r} is not one of {', '.join(ON_REDIS_ERROR)}"
             )
         values["on_redis_error"] = choice
     return BreakerConfig(**values)
@@ -162,7 +164,9 @@ def _provider(name: str, table: Mapping[str, Any], timeouts: Timeouts) -> Provid
 def _channel(name: str, table: Mapping[str, Any], providers: Mapping[str, Any]) -> ChannelConfig:
     where = f"channels.{name}."
     if name not in CHANNELS:
-        raise ConfigError(f"channels.{name}", f"unknown channel (expected one of {CHANNELS})")
+        raise ConfigError(
+            f"channels.{name}", f"unknown channel (expected one of {', '.join(CHANNELS)})"
+        )
     _only(table, {"provider", "on_unknown", "max_attempts"}, where)
     if "provider" not in table:
         raise ConfigError(f"{where}provider", "is required")
@@ -208,7 +212,7 @@ def _message_type(
     policy = table.get("on_unknown")
     priority = table.get("priority", "normal")
     if priority not in PRIORITIES:
-        raise ConfigError(f"{where}priority", f"{priority!r} is not one of {PRIORITIES}")
+        raise ConfigError(f"{where}priority", f"{priority!r} is not one of {', '.join(PRIORITIES)}")
     max_attempts, ttl = table.get("max_attempts"), table.get("ttl")
     return MessageType(
         name=name,

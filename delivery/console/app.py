@@ -9,62 +9,25 @@ Content-Security-Policy: no script, no remote resource, nothing framed.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from flask import Flask, Response, abort, g, render_template, request
-from sqlalchemy.orm import Session, sessionmaker
 
 from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
 from delivery.console.auth import Users, parse_users
-from delivery.console.csrf import Csrf
-from delivery.console.jobs import Jobs
+from delivery.console.context import ConsoleState
 from delivery.errors import InvalidFilter, MessageNotFound
 from delivery.runtime.db import make_engine, make_sessionmaker
 
-__all__ = ["ConsoleState", "create_app", "db", "state"]
+__all__ = ["create_app"]
 
 _HERE = Path(__file__).parent
 _CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
 )
-
-
-class ConsoleState:
-    """What the console's pages share: settings, sessions, users, tokens, bulk jobs."""
-
-    def __init__(self, settings: Settings, users: Users, sessions: sessionmaker[Session]) -> None:
-        self.settings = settings
-        self.users = users
-        self.sessions = sessions
-        self.csrf = Csrf(os.urandom(32))
-        self.jobs = Jobs(sessions)
-        self.flower_url = os.environ.get("DELIVERY_FLOWER_URL", "http://127.0.0.1:5555").rstrip("/")
-
-
-def state() -> ConsoleState:
-    """The console state of the app serving this request."""
-    found = g.get("console_state")
-    assert isinstance(found, ConsoleState)
-    return found
-
-
-def db() -> Session:
-    """This request's session (closed when the request ends; pages commit themselves)."""
-    if "db" not in g:
-        g.db = state().sessions()
-    session = g.db
-    assert isinstance(session, Session)
-    return session
-
-
-def actor() -> str:
-    """The audit actor of this request: ``console:<user>``."""
-    return f"console:{g.user}"
 
 
 def _unauthorized() -> Response:
@@ -161,11 +124,3 @@ def create_app(
 
     register(app)
     return app
-
-
-@contextmanager
-def standalone_session(app: Flask) -> Iterator[Session]:
-    """A session outside a request (tests, jobs)."""
-    console = app.extensions["delivery_console"]
-    with console.sessions() as session:
-        yield session

@@ -95,7 +95,9 @@ def agent_key(
             raise InvalidMessage("important", "must be a sequence of argument names, not a str")
         missing = [name for name in important if name not in args]
         if missing:
-            raise InvalidMessage("important", f"{missing} not among the arguments {sorted(args)}")
+            named = ", ".join(map(str, missing))
+            known = ", ".join(sorted(map(str, args)))
+            raise InvalidMessage("important", f"{named} not among the arguments ({known})")
         chosen = {name: args[name] for name in important}
     try:
         document = canonical_json(chosen)

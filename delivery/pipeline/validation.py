@@ -105,5 +105,7 @@ def check_payload(channel: str, payload: Any, limit: int) -> dict[str, Any]:
         if not payload:
             raise InvalidMessage("payload", "is empty")
     elif not any(isinstance(payload.get(f), str | dict) and payload.get(f) for f in fields):
-        raise InvalidMessage("payload.body", f"is empty (a {channel} needs one of {fields})")
+        raise InvalidMessage(
+            "payload.body", f"is empty (a {channel} needs one of {', '.join(fields)})"
+        )
     return dict(payload)

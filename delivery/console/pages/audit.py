@@ -5,7 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, render_template, request
 
 from delivery import ops
-from delivery.console.app import db
+from delivery.console.context import db
 from delivery.errors import InvalidFilter
 
 __all__ = ["blueprint"]

@@ -7,7 +7,7 @@ from flask import Blueprint, abort, flash, redirect, render_template, url_for
 from werkzeug.wrappers import Response
 
 from delivery.config.settings import Settings
-from delivery.console.app import actor, db, state
+from delivery.console.context import actor, db, state
 from delivery.guards.breaker import Breakers
 from delivery.ops.breakers import BreakerRow, breaker_rows, reset_breaker
 

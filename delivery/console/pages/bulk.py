@@ -10,7 +10,7 @@ from flask import Blueprint, abort, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
 from delivery import ops
-from delivery.console.app import actor, db, state
+from delivery.console.context import actor, db, state
 from delivery.console.jobs import BulkRequest
 from delivery.pipeline.status import Status
 

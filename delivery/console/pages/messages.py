@@ -7,7 +7,7 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 from werkzeug.wrappers import Response
 
 from delivery import ops
-from delivery.console.app import actor, db, state
+from delivery.console.context import actor, db, state
 from delivery.errors import ConfigError, InvalidFilter
 from delivery.pipeline.models import Message
 from delivery.pipeline.status import Status

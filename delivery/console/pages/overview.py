@@ -6,8 +6,8 @@ from __future__ import annotations
 from flask import Blueprint, render_template
 
 from delivery import ops
-from delivery.console.app import db, state
 from delivery.console.charts import ChartSpec, line_chart
+from delivery.console.context import db, state
 from delivery.console.pages.breakers import read_breakers
 
 __all__ = ["blueprint"]
