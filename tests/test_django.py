@@ -35,7 +35,7 @@ import delivery
 from delivery.contrib.django import enqueue
 from delivery.contrib.django import models as django_models
 from delivery.contrib.django.connection import sqlalchemy_url
-from delivery.pipeline.models import Attempt, Message
+from delivery.pipeline.models import Attempt, AuditEntry, Message
 from tests.conftest import PG_URL, drained
 
 pytestmark = pytest.mark.integration
@@ -103,7 +103,11 @@ def family(kind: str) -> str:
 
 @pytest.mark.parametrize(
     ("django_model", "table"),
-    [(django_models.Message, Message.__table__), (django_models.Attempt, Attempt.__table__)],
+    [
+        (django_models.Message, Message.__table__),
+        (django_models.Attempt, Attempt.__table__),
+        (django_models.AuditEntry, AuditEntry.__table__),
+    ],
 )
 def test_unmanaged_models_match_the_sqlalchemy_columns(django_model: Any, table: Any) -> None:
     """Every Django field has its SQLAlchemy column with the same type, length, nullability and
@@ -279,8 +283,8 @@ def test_admin_filters_by_status_and_redrive_sends_a_dead_message(
 
 
 def test_admin_cancel_cancels_pending_only(admin_client: Client, db: Engine) -> None:
-    """The cancel action moves a pending message to cancelled and refuses one that is not
-    pending any more."""
+    """The cancel action moves a pending message to cancelled, with an audit row naming the
+    admin user, and refuses one that is not pending any more (no second row)."""
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     with transaction.atomic():
         message = enqueue(channel="sms", to="+12015550105", payload={"body": "x"}, send_at=later)
@@ -291,3 +295,8 @@ def test_admin_cancel_cancels_pending_only(admin_client: Client, db: Engine) -> 
     page = admin_client.post(ADMIN, data, follow=True).content.decode()
     assert f"Not cancelled {message.key}: message is already cancelled" in page
     assert status_of(db, message.key) == "cancelled"
+    audit = list(django_models.AuditEntry.objects.filter(message_key=message.key))
+    assert [(a.action, a.from_status, a.to_status) for a in audit] == [
+        ("cancel", "pending", "cancelled")
+    ]
+    assert audit[0].actor.startswith("admin:")

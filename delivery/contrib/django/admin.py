@@ -37,6 +37,11 @@ else:
     _AttemptInline = admin.TabularInline
 
 
+def _actor(request: HttpRequest) -> str:
+    """The audit actor of an admin action: ``admin:<username>``."""
+    return f"admin:{request.user.get_username()}"
+
+
 @admin.action(
     description="Redrive selected dead/unknown messages (same key)", permissions=["change"]
 )
@@ -45,7 +50,7 @@ def redrive(modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Me
     using = queryset.db
     keys = list(queryset.values_list("key", flat=True))
     with transaction.atomic(using=using), borrowed_session(using) as session:
-        results = ops.redrive(session, keys)
+        results = ops.redrive(session, keys, actor=_actor(request))
         redriven = [r.id for r in results if r.redriven]
         if redriven:
             transaction.on_commit(
@@ -66,7 +71,7 @@ def cancel(modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Mes
     using = queryset.db
     keys = list(queryset.values_list("key", flat=True))
     with transaction.atomic(using=using), borrowed_session(using) as session:
-        results = [ops.cancel(session, key) for key in keys]
+        results = [ops.cancel(session, key, actor=_actor(request)) for key in keys]
     cancelled = sum(1 for result in results if result.cancelled)
     if cancelled:
         modeladmin.message_user(request, f"Cancelled {cancelled} message(s).", messages.SUCCESS)
