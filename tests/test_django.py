@@ -84,6 +84,7 @@ def family(kind: str) -> str:
         "BigAutoField": "bigint",
         "BigInteger": "bigint",
         "ForeignKey": "bigint",
+        "BigIntegerField": "bigint",
         "CharField": "string",
         "String": "string",
         "TextField": "text",
