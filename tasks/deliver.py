@@ -1,12 +1,31 @@
-"""``delivery.deliver``: one attempt for one message, and the publisher the relay uses."""
+"""``delivery.deliver``: one attempt for one message, and the publisher the relay uses.
+
+What each outcome looks like in Flower (events; the outbox row stays the record):
+
+- ``SUCCESS``, result ``sent``: the provider accepted it.
+- ``RETRY`` with an ETA: a short retry (Celery countdown, at most ``max_countdown``).
+- ``PARKED`` (a custom state, sent as a ``task-parked`` event), result ``parked: CODE until
+  TIME ...``: back in the outbox as ``pending`` (open breaker, long backoff, Retry-After); the
+  relay publishes it again when due, under the same task id.
+- ``FAILURE`` with ``DeadLettered``: it ended ``dead``, ``unknown`` or ``expired``; its result
+  field (set by a ``task-dead-lettered`` event) names the status and error code, so Flower's
+  search finds ``21211`` or ``result:dead``.
+- ``SUCCESS``, result ``skipped: ...``: a duplicate or late task that had nothing to do.
+
+``retries`` counts the provider attempts the message had before this task ran, across
+republishes (the relay publishes with the row's attempt count).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import datetime as dt
+import logging
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from celery import Task
+from celery.exceptions import Ignore
 
 from delivery.pipeline import outbox
 from delivery.pipeline.relay import Claim, relay_once
@@ -27,22 +46,51 @@ class DeadLettered(Exception):
     as a failed task; the outbox row holds the full story (``delivery show KEY``)."""
 
 
+log = logging.getLogger("delivery.tasks")
+
+_NOT_DELIVERED = {
+    "dead": "in the dead-letter status (dead)",
+    "unknown": "parked as unknown for review (it may have been delivered)",
+    "expired": "expired: its time-to-live passed before it could be sent (never sent)",
+}
+
+
+def _announce(task: Task, event: str, result: str) -> None:
+    """A custom task event for Flower: its state becomes ``event`` upper-cased and its
+    ``result`` field (searchable) ``result``. Events are a view: a failure to send one is
+    logged, never a reason to fail a delivery."""
+    if not task.app.conf.worker_send_task_events:
+        return
+    try:
+        task.send_event(f"task-{event}", result=result)
+    except Exception as exc:
+        log.warning("could not send the %s event of task %s: %r", event, task.request.id, exc)
+
+
 @app.task(name="delivery.deliver", bind=True, max_retries=None, throws=(DeadLettered,))  # type: ignore[untyped-decorator]
 def deliver(self: Task, message_id: int, key: str) -> str:
     """Carries only the message id and key (no recipient, no body): guarantee G6."""
     result = deliver_once(service(), message_id, key)
     if result.action is Action.RETRY and result.delay is not None:
         raise self.retry(countdown=result.delay, max_retries=None)
-    if result.action is Action.DONE and result.status in ("dead", "unknown"):
-        where = (
-            "in the dead-letter status (dead)"
-            if result.status == "dead"
-            else "parked as unknown for review (it may have been delivered)"
+    if result.action is Action.PARKED:
+        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=result.delay or 0.0)
+        _announce(
+            self,
+            "parked",
+            f"parked: {result.code} until {due.isoformat(timespec='seconds')}; back in the "
+            "outbox as pending, no attempt spent; the relay publishes it again then",
         )
+        raise Ignore()  # acknowledged; no success event, so Flower keeps PARKED
+    if result.action is Action.DONE and result.status in _NOT_DELIVERED:
+        _announce(self, "dead-lettered", f"{result.status}: {result.code}")
         raise DeadLettered(
-            f"{result.code}: {result.reason} -> message {message_id} is {where}; "
-            f"delivery show {key!r}, delivery redrive to send it again"
+            f"{result.code}: {result.reason} -> message {message_id} is "
+            f"{_NOT_DELIVERED[result.status]}; delivery show {key!r}, delivery redrive to "
+            "send it again"
         )
+    if result.action is Action.SKIP:
+        return f"skipped: {result.reason}"
     return result.status or result.action.value
 
 
@@ -101,7 +149,7 @@ def publish(claims: Sequence[Claim]) -> None:
             producer.maybe_declare(queue)
         batch = getattr(producer, "batch", None)
         with batch(max_size=max(len(claims), 1)) if batch else contextlib.nullcontext():
-            for message_id, key, priority, *_ in claims:
+            for message_id, key, priority, _provider, attempts in claims:
                 producer.publish(
                     ((message_id, key), {}, _EMBED),
                     headers={
@@ -109,6 +157,9 @@ def publish(claims: Sequence[Claim]) -> None:
                         "id": key,
                         "root_id": key,
                         "argsrepr": repr((message_id, key)),
+                        # Flower's "retries": the attempts the message already had, so a
+                        # republished message does not start counting again at 0.
+                        "retries": attempts,
                     },
                     correlation_id=key,
                     routing_key=QUEUES.get(priority, QUEUE),

@@ -21,6 +21,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import delivery
+import delivery.pipeline.models
 import tasks  # noqa: F401  (installs the post-commit nudge in this process)
 from delivery.config.settings import BreakerConfig
 from delivery.guards.breaker import CircuitBreaker
@@ -144,6 +145,10 @@ def test_flower_shows_delivered_dead_and_retried_tasks_by_key(
     assert dead["state"] == "FAILURE"
     assert "DeadLettered" in dead["exception"]
     assert "21211" in dead["exception"] and "dead-letter status" in dead["exception"]
+    # The error code is searchable: Flower's search reads the result field, not the exception.
+    found = flower.client.get("/api/tasks", params={"search": "21211"}).json()
+    assert list(found) == ["flower-dead"], found
+    assert "dead: 21211" in str(found["flower-dead"]["result"])
 
     retried = flower.client.get("/api/task/info/flower-retry").json()
     assert (retried["state"], retried["retries"]) == ("SUCCESS", 1)
@@ -156,6 +161,43 @@ def test_flower_shows_delivered_dead_and_retried_tasks_by_key(
     flower.restart()
     persisted = tasks_by_id(flower.client)
     assert {key: persisted[key]["state"] for key in keys} == expected
+
+
+def test_flower_shows_a_parked_send_as_parked_and_counts_retries_across_republishes(
+    flower: Flower, live: Engine, stub: Any
+) -> None:
+    """A send parked by an open breaker shows as PARKED with its code and time, never a green
+    SUCCESS; once the breaker closes it is sent (SUCCESS). A message republished after 3
+    attempts shows ``retries: 3``, not a count restarted at 0."""
+    breaker = CircuitBreaker(
+        "stub", BreakerConfig(failure_threshold=1, reset_timeout=2), client=redis_client(REDIS_URL)
+    )
+    breaker.reset()
+    breaker.record(breaker.allow(), "retryable")  # open, for everyone sharing Redis
+    try:
+        with Session(live) as session, session.begin():
+            delivery.enqueue(
+                session, channel="sms", to=DELIVERED, payload={"body": "x"}, key="flower-parked"
+            )
+
+        def parked() -> bool:
+            task = tasks_by_id(flower.client).get("flower-parked", {})
+            return task.get("state") == "PARKED"
+
+        wait_until(parked, 30)
+        task = flower.client.get("/api/task/info/flower-parked").json()
+        assert "CIRCUIT_OPEN" in str(task["result"]) and "no attempt spent" in str(task["result"])
+    finally:
+        breaker.reset()
+    wait_until(lambda: tasks_by_id(flower.client)["flower-parked"]["state"] == "SUCCESS", 60)
+
+    from tests.factories import message_values
+
+    with Session(live) as session, session.begin():
+        values = message_values("flower-again", attempts=3, recipient=DELIVERED)
+        session.add(delivery.pipeline.models.Message(**values))
+    wait_until(lambda: tasks_by_id(flower.client).get("flower-again", {}).get("state") == "SUCCESS")
+    assert flower.client.get("/api/task/info/flower-again").json()["retries"] == 3
 
 
 def test_flower_refuses_requests_without_credentials(flower: Flower) -> None:
