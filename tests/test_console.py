@@ -441,3 +441,13 @@ def test_prune_removes_old_audit_rows_and_keeps_recent_ones(session: Session) ->
     assert result.exit_code == 0, result.output
     assert '"audit": 1' in result.output
     assert [r.actor for r in audit_rows(session)] == ["cli:new"]
+
+
+def test_healthz_answers_without_credentials_and_reveals_nothing(
+    client: FlaskClient, session: Session
+) -> None:
+    """``/healthz`` (for compose's health check) answers ``ok`` without credentials and holds
+    no count, key or recipient."""
+    add(session, "h-1", "dead")
+    response = client.get("/healthz")
+    assert (response.status_code, response.get_data(as_text=True)) == (200, "ok\n")

@@ -19,13 +19,14 @@ import pytest
 import yaml
 
 from delivery.config.loading import load_settings
+from delivery.console import parse_users
 from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 ENV_EXAMPLE = ROOT / "deploy" / ".env.example"
-SERVICES = {"postgres", "redis", "migrate", "worker", "beat", "flower", "stub", "app"}
+SERVICES = {"console", "postgres", "redis", "migrate", "worker", "beat", "flower", "stub", "app"}
 
 
 def compose() -> dict[str, Any]:
@@ -176,7 +177,7 @@ def test_compose_shape_one_beat_migrate_first_health_checks_and_auth() -> None:
     assert services["beat"]["deploy"]["replicas"] == 1
     assert "scale" not in services["beat"]
     assert "container_name" not in services["worker"], "a fixed name prevents --scale"
-    for name in ("worker", "beat", "flower", "app"):
+    for name in ("worker", "beat", "flower", "app", "console"):
         depends = services[name]["depends_on"]
         assert depends["migrate"]["condition"] == "service_completed_successfully", name
         assert depends["postgres"]["condition"] == "service_healthy", name
@@ -186,6 +187,10 @@ def test_compose_shape_one_beat_migrate_first_health_checks_and_auth() -> None:
         "delivery", "stub-provider", "--host", "0.0.0.0", "--port", "9090"
     ]  # fmt: skip
     assert "FLOWER_BASIC_AUTH" in env_example()
+    # The console is reachable from the host's loopback only, and has operators configured.
+    assert services["console"]["ports"] == ["127.0.0.1:8025:8025"]
+    assert services["console"]["command"][:2] == ["delivery", "console"]
+    parse_users(env_example())
     text = COMPOSE.read_text()
     assert "change-me" not in text and "password" not in text.lower()
     for name, service in services.items():

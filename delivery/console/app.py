@@ -63,9 +63,16 @@ def create_app(
     app.extensions["delivery_console"] = console
     app.jinja_env.autoescape = True
 
+    @app.get("/healthz")
+    def healthz() -> Response:
+        """For health checks: answers without credentials and says nothing about the outbox."""
+        return Response("ok\n", mimetype="text/plain")
+
     @app.before_request
     def authenticate() -> Response | None:
         g.console_state = console
+        if request.path == "/healthz":
+            return None
         auth = request.authorization
         role = None
         if auth is not None and auth.type == "basic" and auth.username is not None:
