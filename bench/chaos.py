@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -264,6 +265,11 @@ def write(
         "metacharacters are stored and sent verbatim.",
         "",
     ]
+    console = ROOT / "bench" / "results" / "console_search.json"
+    if console.exists():  # keep the section bench.console_search measured
+        from bench.console_search import render_section
+
+        doc += ["", render_section(json.loads(console.read_text())["figures"])]
     path.write_text("\n".join(doc))
 
 

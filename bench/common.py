@@ -124,7 +124,8 @@ def fresh_database() -> Any:
     with engine.begin() as conn:
         conn.execute(
             text(
-                "DROP TABLE IF EXISTS delivery_attempts, delivery_messages, alembic_version, "
+                "DROP TABLE IF EXISTS delivery_audit, delivery_attempts, delivery_messages, "
+                "alembic_version, "
                 "bench_orders CASCADE"
             )
         )
