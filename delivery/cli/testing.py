@@ -47,9 +47,7 @@ def stub_provider_command(host: str, port: int) -> None:
     help="Then leave the ops console running on the demo's outbox (until Ctrl-C).",
 )
 @click.option("--console-port", type=click.IntRange(0, 65535), default=8025, show_default=True)
-def demo(
-    count: int, timeout: float, as_json: bool, with_console: bool, console_port: int
-) -> None:
+def demo(count: int, timeout: float, as_json: bool, with_console: bool, console_port: int) -> None:
     """Run the whole pipeline (stub provider, celery worker and beat) with injected faults.
 
     With nothing configured it uses the embedded default: a SQLite outbox and a file broker
