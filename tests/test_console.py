@@ -451,3 +451,25 @@ def test_healthz_answers_without_credentials_and_reveals_nothing(
     add(session, "h-1", "dead")
     response = client.get("/healthz")
     assert (response.status_code, response.get_data(as_text=True)) == (200, "ok\n")
+
+
+def test_overview_charts_are_reused_for_a_short_while() -> None:
+    """The chart cache returns the stored value within its time-to-live and recomputes after
+    it; the overview keeps the hour's charts at most 30 s and the day's at most 60 s."""
+    from delivery.console.context import TimedCache
+    from delivery.console.pages.overview import chart_ttl
+
+    now = [0.0]
+    cache = TimedCache(clock=lambda: now[0])
+    calls: list[int] = []
+
+    def compute() -> int:
+        calls.append(1)
+        return len(calls)
+
+    assert cache.get("k", 30.0, compute) == 1
+    now[0] = 29.0
+    assert cache.get("k", 30.0, compute) == 1
+    now[0] = 30.5
+    assert cache.get("k", 30.0, compute) == 2
+    assert (chart_ttl(60.0), chart_ttl(900.0)) == (30.0, 60.0)

@@ -4,6 +4,9 @@ session, and the audit actor of the signed-in user."""
 from __future__ import annotations
 
 import os
+import threading
+import time
+from collections.abc import Callable
 
 from flask import g
 from sqlalchemy.orm import Session, sessionmaker
@@ -13,7 +16,28 @@ from delivery.console.auth import Users
 from delivery.console.csrf import Csrf
 from delivery.console.jobs import Jobs
 
-__all__ = ["ConsoleState", "actor", "db", "state"]
+__all__ = ["ConsoleState", "TimedCache", "actor", "db", "state"]
+
+
+class TimedCache:
+    """Values kept for a few seconds, so that a dashboard left open (or several operators on
+    it) does not re-run the same aggregate over a large outbox on every load."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._values: dict[object, tuple[float, object]] = {}
+
+    def get(self, key: object, ttl: float, compute: Callable[[], object]) -> object:
+        now = self._clock()
+        with self._lock:
+            found = self._values.get(key)
+            if found is not None and now - found[0] < ttl:
+                return found[1]
+        value = compute()
+        with self._lock:
+            self._values[key] = (now, value)
+        return value
 
 
 class ConsoleState:
@@ -25,6 +49,7 @@ class ConsoleState:
         self.sessions = sessions
         self.csrf = Csrf(os.urandom(32))
         self.jobs = Jobs(sessions)
+        self.cache = TimedCache()
         flower = os.environ.get("DELIVERY_FLOWER_URL", "http://127.0.0.1:5555")
         self.flower_url = flower.rstrip("/")
 

@@ -3,6 +3,8 @@ the last hour and day."""
 
 from __future__ import annotations
 
+import functools
+
 from flask import Blueprint, render_template
 
 from delivery import ops
@@ -17,12 +19,23 @@ blueprint = Blueprint("overview", __name__)
 _WINDOWS = (("Last hour", 3600.0, 60.0), ("Last day", 86400.0, 900.0))
 
 
+def chart_ttl(bucket: float) -> float:
+    """How long a window's series is reused: half a bucket, at most a minute (the hour's
+    per-minute charts are at most 30 s old, the day's at most 60 s)."""
+    return min(bucket / 2.0, 60.0)
+
+
 @blueprint.get("/")
 def overview() -> str:
     session = db()
     charts = []
     for title, window, bucket in _WINDOWS:
-        data = ops.series(session, window=window, bucket=bucket)
+        data = state().cache.get(
+            ("series", window, bucket),
+            chart_ttl(bucket),
+            functools.partial(ops.series, session, window=window, bucket=bucket),
+        )
+        assert isinstance(data, ops.Series)
         per = "per minute" if bucket == 60 else f"per minute, {bucket / 60:.0f}-minute buckets"
         charts.append(
             {
