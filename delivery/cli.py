@@ -140,7 +140,7 @@ def _echo_json(value: Any) -> None:
 
 
 @click.group(cls=_Group)
-@click.version_option(package_name="delivery")
+@click.version_option(package_name="delivery-outbox")
 def main() -> None:
     """Transactional outbox for SMS, email and webhooks: inspect and repair messages."""
 
