@@ -66,7 +66,7 @@ __all__ = [
 
 log = logging.getLogger("delivery.breaker")
 
-SUCCESS = frozenset({"delivered", "found", "absent"})
+SUCCESS = frozenset({"delivered", "found", "absent", "undeliverable"})
 FAILURE = frozenset({"retryable", "unknown", "lookup_failed"})
 HALF_OPEN_POLL = 1.0
 REDIS_RETRY = 5.0

@@ -34,6 +34,7 @@ from delivery.outcomes import (
     Outcome,
     Permanent,
     Retryable,
+    Undeliverable,
     Unknown,
 )
 from delivery.policies import UnknownPolicy
@@ -331,6 +332,8 @@ def _after_lookup(
                 return _retry_or_stop(
                     service, conn, msg, code, reason, None, Status.UNKNOWN, "lookup_failed"
                 )
+            case Undeliverable(code=code, reason=reason):
+                return _stop(conn, msg, Status.DEAD, code, reason, "undeliverable")
     raise AssertionError(found)
 
 
