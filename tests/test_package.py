@@ -137,3 +137,19 @@ def test_the_readme_install_lines_are_checked() -> None:
         [target] = pip_install_targets(bad)
         named = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]*", target).group(0)).lower()  # type: ignore[union-attr]
         assert named != "delivery-outbox"
+
+
+def test_a_missing_extra_names_the_install_command() -> None:
+    """Importing the Flask or Django integration without its framework fails with the pip
+    command of this distribution's extra."""
+    for module, extra in (
+        ("delivery.contrib.flask", "flask"),
+        ("delivery.contrib.django", "django"),
+    ):
+        blocked = extra
+        code = f"import sys; sys.modules[{blocked!r}] = None; import {module}"
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True
+        )
+        assert result.returncode != 0
+        assert f"pip install 'delivery-outbox[{extra}]'" in result.stderr, result.stderr
