@@ -60,7 +60,7 @@ class Adapters:
             delivery.enqueue(session, settings=self.settings, send_at=soon, **kwargs)  # type: ignore[arg-type]
 
     def final(
-        self, key: str, timeout: float = 30.0
+        self, key: str, timeout: float = 120.0
     ) -> tuple[Message, list[tuple[str, str, str | None]]]:
         def done() -> bool:
             with self.engine.connect() as conn:
