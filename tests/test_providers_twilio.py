@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from delivery.pipeline import bounds
 from delivery.pipeline.outcomes import (
     Absent,
     Delivered,
@@ -154,7 +155,8 @@ def test_outcome_mapping(
     stub: TwilioStub, answer: Reply, kind: type, code: str, retry_after: float | None
 ) -> None:
     """Each recorded Twilio answer maps to its outcome: permanent codes dead, 429/5xx retry
-    (Retry-After honoured), a 2xx without a sid unknown."""
+    (Retry-After honoured), a 2xx without a sid unknown; the reason is Twilio's message with
+    any phone number in it masked."""
     stub.push(answer)
     provider = twilio(stub)
     outcome = provider.send(sms())
@@ -165,7 +167,8 @@ def test_outcome_mapping(
     if kind is Retryable:
         assert outcome.retry_after == retry_after  # type: ignore[union-attr]
     if isinstance(outcome, Permanent) and answer.json:
-        assert outcome.reason == answer.json["message"]
+        assert outcome.reason == bounds.text(answer.json["message"])
+        assert "+1201555" not in outcome.reason
 
 
 def test_wrong_token_is_permanent_20003(stub: TwilioStub, monkeypatch: pytest.MonkeyPatch) -> None:

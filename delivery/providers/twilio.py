@@ -70,6 +70,8 @@ __all__ = ["PERMANENT_CODES", "RETRYABLE_CODES", "TwilioProvider", "classify"]
 
 API_VERSION = "2010-04-01"
 PAGE_SIZE = 100
+#: A page of 100 message resources is some 100-200 KB: the body limit of a list query.
+LIST_LIMIT = 1024 * 1024
 
 # Twilio error codes that will fail the same way every time (twilio.com/docs/errors/NNNNN).
 PERMANENT_CODES: Mapping[int, str] = {
@@ -181,7 +183,7 @@ class TwilioProvider(PooledClient):
         query: dict[str, str | int] | None = params
         for _ in range(self._pages):
             try:
-                response = self._client.get(url, params=query)
+                response = self._exchange("GET", url, limit=LIST_LIMIT, params=query)
             except httpx.HTTPError as exc:
                 return outcomes.LookupFailed(outcomes.classify_exception(exc).code, str(exc)[:500])
             page = _json(response)
