@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import datetime as dt
 import gzip
+import json
+import logging
 import math
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import httpx
 import pytest
@@ -334,3 +337,42 @@ def test_garbage_with_any_encoding_is_an_outcome(body: bytes, encoding: str) -> 
 
     outcome = _http(httpx.MockTransport(handler)).send(ENVELOPE)
     assert isinstance(outcome, Retryable)
+
+
+# --- what is printed -----------------------------------------------------------------------
+
+
+def test_cli_output_cannot_drive_the_terminal(session: Any) -> None:
+    """A stored error text with escape sequences, C1 controls and bidi overrides (a row
+    written before the bounds, or by hand) prints without them in `show`, `dead` and their
+    JSON, which still carries the same value as escapes; the payload hash is not shown."""
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+    from tests.factories import add
+
+    evil = "boom \x1b[2J\x1b]0;pwned\x07 \x9b31m \u202egnp.exe"
+    add(session, "evil-1", "dead", last_error=evil, last_error_code="X\x1bY", payload_hash="h" * 64)
+    for args in (["show", "evil-1"], ["show", "evil-1", "--json"], ["dead"], ["dead", "--json"]):
+        output = CliRunner().invoke(main, args).output
+        assert not set(output) & {"\x1b", "\x07", "\x9b", "\u202e"}, (args, output)
+        assert "h" * 64 not in output
+    shown = json.loads(CliRunner().invoke(main, ["show", "evil-1", "--json"]).output)
+    assert "boom" in shown["last_error"] and "payload_hash" not in shown
+
+
+def test_the_worker_quiets_httpx_unless_told_otherwise() -> None:
+    """The worker sets httpx's and httpcore's loggers to WARNING (their INFO lines carry
+    URLs), but leaves a level the user set."""
+    from tasks.app import quiet_http_loggers
+
+    quiet, chosen = logging.getLogger("httpx"), logging.getLogger("httpcore")
+    saved = quiet.level, chosen.level
+    try:
+        quiet.setLevel(logging.NOTSET)
+        chosen.setLevel(logging.DEBUG)
+        quiet_http_loggers()
+        assert quiet.level == logging.WARNING and chosen.level == logging.DEBUG
+    finally:
+        quiet.setLevel(saved[0])
+        chosen.setLevel(saved[1])

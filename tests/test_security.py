@@ -471,6 +471,9 @@ def test_provider_errors_naming_the_recipient_leave_no_trace(
     assert hits == []
     # The payload hash is not shown: an OTP could be found from it by guessing.
     hashes = [payload_hash(ch, to, _payload(ch)) for ch, to, _answer in LEAKS.values()]
+    with live.connect() as conn:
+        stored = set(conn.scalars(text("SELECT payload_hash FROM delivery_messages")))
+    assert stored == set(hashes)  # the hashes looked for are really the stored ones
     assert not [h for h in hashes for out in cli.values() if h in out]
 
 
