@@ -19,6 +19,7 @@ import datetime as dt
 import importlib.metadata
 import os
 import platform
+import re
 import subprocess
 import sys
 import tempfile
@@ -264,7 +265,15 @@ def write(
         "metacharacters are stored and sent verbatim.",
         "",
     ]
+    # Sections other benches keep in this file (``<!-- bench.NAME -->`` ... ``<!-- /bench.NAME
+    # -->``, e.g. bench/bounds.py) are carried over as they are.
+    blocks = re.finditer(r"<!-- bench\.(\S+) -->.*?<!-- /bench\.\1 -->", _old(path), re.S)
+    doc += [block.group(0) + "\n" for block in blocks]
     path.write_text("\n".join(doc))
+
+
+def _old(path: Path) -> str:
+    return path.read_text() if path.exists() else ""
 
 
 def main(argv: list[str] | None = None) -> int:
