@@ -376,3 +376,20 @@ def test_the_worker_quiets_httpx_unless_told_otherwise() -> None:
     finally:
         quiet.setLevel(saved[0])
         chosen.setLevel(saved[1])
+
+
+def test_database_errors_do_not_carry_parameters(tmp_path: Any) -> None:
+    """A failed statement on an outbox engine does not quote its parameters (a recipient or
+    a payload) in the exception a worker would log."""
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    from delivery.runtime.db import make_engine
+
+    engine = make_engine(f"sqlite:///{tmp_path}/x.sqlite3")
+    try:
+        with pytest.raises(DBAPIError) as caught, engine.begin() as conn:
+            conn.execute(text("INSERT INTO missing (to_) VALUES (:to)"), {"to": "leak@example.com"})
+    finally:
+        engine.dispose()
+    assert "leak@example.com" not in str(caught.value)
