@@ -262,7 +262,9 @@ def write(
         "messages read raw from Redis and RabbitMQ hold only the message id and key; each "
         "provider secret (from `api_key_env`) reaches only its own provider and appears in no "
         "log, `delivery show` output or task message; keys and recipients with SQL and shell "
-        "metacharacters are stored and sent verbatim.",
+        "metacharacters are stored and sent verbatim; provider errors whose text names the "
+        "recipient (in several spellings) leave no trace in the worker log at INFO, Flower's "
+        "API, the broker's traffic (Redis MONITOR) or any CLI command's output.",
         "",
     ]
     # Sections other benches keep in this file (``<!-- bench.NAME -->`` ... ``<!-- /bench.NAME
