@@ -69,6 +69,15 @@ def test_emails_and_the_recipient_itself_are_masked() -> None:
     assert hook not in bounds.text(f"POST {hook} refused", recipient=hook)
 
 
+def test_a_recipient_already_partly_masked_is_still_found() -> None:
+    """A webhook URL with a long number in it, masked in part when the outcome was built,
+    is still masked whole once the pipeline adds the recipient."""
+    hook = "https://hooks.example.com/tenant/123456789/in"
+    outcome = calls.send(Raising(value=Permanent("BAD", f"POST {hook} refused")), _hook(hook))  # type: ignore[arg-type]
+    assert isinstance(outcome, Permanent)
+    assert "hooks.example.com" not in outcome.reason and "[recipient]" in outcome.reason
+
+
 def test_codes_refs_and_plain_text_keep_their_meaning() -> None:
     """Error codes, short numbers and identifiers are not masked: only what looks like a
     recipient is."""
@@ -192,6 +201,10 @@ class Raising:
 
 
 ENVELOPE = Envelope("k-1", "sms", NUMBER, {"body": "hi"})
+
+
+def _hook(url: str) -> Envelope:
+    return Envelope("k-1", "webhook", url, {"e": 1})
 
 
 @pytest.mark.parametrize(

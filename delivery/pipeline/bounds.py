@@ -62,15 +62,23 @@ def _cut(value: str, limit: int) -> str:
     return value if len(value) <= limit else value[: max(limit - 1, 0)] + "…"
 
 
+def _generic(value: str) -> str:
+    return _NUMBER.sub("[number]", _EMAIL.sub("[email]", value))
+
+
 def mask(value: str, recipient: str | None = None) -> str:
-    """``value`` with ``recipient`` (as given, and without its ``+``), email addresses and
-    phone numbers masked."""
+    """``value`` with ``recipient``, email addresses and phone numbers masked.
+
+    The recipient is looked for as given, without its ``+``, and as the masks above would
+    have left it (an outcome masks numbers and emails when it is built, before the pipeline
+    adds its recipient: ``https://h.example/u/[number]`` is still that webhook's URL)."""
     if recipient:
-        for form in {recipient, recipient.lstrip("+")}:
-            if len(form) >= 3:
+        forms = {recipient, recipient.lstrip("+")}
+        forms |= {_generic(form) for form in forms}
+        for form in sorted(forms, key=len, reverse=True):
+            if len(form) >= 3 and form not in ("[number]", "[email]"):
                 value = re.sub(re.escape(form), "[recipient]", value, flags=re.IGNORECASE)
-    value = _EMAIL.sub("[email]", value)
-    return _NUMBER.sub("[number]", value)
+    return _generic(value)
 
 
 def text(value: object, limit: int = REASON_LENGTH, recipient: str | None = None) -> str:
