@@ -24,7 +24,8 @@ _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 class DeadLettered(Exception):
     """Raised by the task when its message ends ``dead`` or ``unknown`` so that Flower shows it
-    as a failed task; the outbox row holds the full story (``delivery show KEY``)."""
+    as a failed task. It names the error code, the message id and key, never the provider's
+    text; the outbox row holds the full story (``delivery show KEY``)."""
 
 
 @app.task(name="delivery.deliver", bind=True, max_retries=None, throws=(DeadLettered,))  # type: ignore[untyped-decorator]
@@ -39,8 +40,10 @@ def deliver(self: Task, message_id: int, key: str) -> str:
             if result.status == "dead"
             else "parked as unknown for review (it may have been delivered)"
         )
+        # The code, the id and the key only: this text reaches the worker log, the broker's
+        # task-failed event and Flower, so never the provider's reason (G6).
         raise DeadLettered(
-            f"{result.code}: {result.reason} -> message {message_id} is {where}; "
+            f"{result.code}: message {message_id} is {where}; "
             f"delivery show {key!r}, delivery redrive to send it again"
         )
     return result.status or result.action.value

@@ -49,7 +49,7 @@ def test_unreachable_redis_falls_back_to_a_local_bucket() -> None:
 def test_slow_redis_makes_the_caller_wait_not_burst() -> None:
     """A Redis that times out is not taken for down at once: the caller waits one token's
     time (the token may have been taken), and only repeated timeouts switch to local."""
-    from delivery import ratelimit
+    from delivery.guards import ratelimit
 
     class Slow(redis.Redis):  # type: ignore[type-arg]
         def register_script(self, script):  # type: ignore[no-untyped-def]

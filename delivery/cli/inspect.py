@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import click
 from rich.table import Table
@@ -69,7 +70,7 @@ def _messages_table(messages: Sequence[Message], title: str) -> Table:
             cell(f"{message.attempts}/{message.max_attempts}"),
             cell(message.last_error_code),
             cell(message.updated_at),
-            cell(message.last_error),
+            cell(fields["last_error"]),
         )
     return table
 
@@ -92,10 +93,11 @@ def dead_command(since: dt.datetime | None, code: str | None, limit: int, as_jso
     new_console().print(_messages_table(messages, f"{len(messages)} dead"))
 
 
-def _attempts_table(attempts: Sequence[Attempt]) -> Table:
+def _attempts_table(attempts: Sequence[Attempt], shown: Sequence[dict[str, Any]]) -> Table:
+    """The attempt log; ``shown`` are their dicts (``ops.attempt_dict``: error text masked)."""
     table = new_table("#", "kind", "started (UTC)", "outcome", "http", "code", "ms", "error")
     table.title = "attempts"
-    for attempt in attempts:
+    for attempt, fields in zip(attempts, shown, strict=True):
         latency = None if attempt.latency_ms is None else f"{attempt.latency_ms:.0f}"
         table.add_row(
             cell(attempt.number),
@@ -105,7 +107,7 @@ def _attempts_table(attempts: Sequence[Attempt]) -> Table:
             cell(attempt.http_status),
             cell(attempt.error_code),
             cell(latency),
-            cell(attempt.error),
+            cell(fields["error"]),
         )
     return table
 
@@ -134,6 +136,6 @@ def show(ref: str, as_json: bool, reveal: bool) -> None:
     console = new_console()
     console.print(grid)
     if attempts:
-        console.print(_attempts_table(attempts))
+        console.print(_attempts_table(attempts, data["attempts"]))
     else:
         console.print("no attempts yet")

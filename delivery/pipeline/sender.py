@@ -9,9 +9,11 @@ due, or already taken by another worker does nothing.
 Before taking the row, the provider's circuit breaker (``delivery.guards.breaker``) is asked: while
 it is open (or half-open with its one probe taken) the row goes back to ``pending`` until the
 breaker's next probe time plus up to ``CIRCUIT_JITTER`` s, with code ``CIRCUIT_OPEN`` and no
-attempt spent. The call's outcome is then recorded in the breaker, and applied to the row by
-``delivery.pipeline.settle``. The answer to the task is a ``Result`` whose ``action`` is one
-of the closed set ``Action`` (``delivery.pipeline.transitions``).
+attempt spent. The adapter is called through ``delivery.providers.calls`` (any exception
+or stray value becomes an outcome, bounded and with the recipient masked); the outcome is
+then recorded in the breaker, and applied to the row by ``delivery.pipeline.settle``. The
+answer to the task is a ``Result`` whose ``action`` is one of the closed set ``Action``
+(``delivery.pipeline.transitions``).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.settle import after_lookup, after_send
 from delivery.pipeline.status import Status
 from delivery.pipeline.transitions import Action, Result, Sending, move
+from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
 
@@ -132,14 +135,14 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
     )
     if row.needs_lookup:
         started = time.perf_counter()
-        found = provider.lookup(envelope)
+        found = calls.lookup(provider, envelope)
         if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
             breaker.record(permit, found.kind)
         lookup_result = after_lookup(service, msg, found, started)
         if lookup_result is not None:
             return lookup_result
     started = time.perf_counter()
-    outcome = provider.send(envelope)
+    outcome = calls.send(provider, envelope)
     breaker.record(permit, outcome.kind)
     return after_send(service, msg, outcome, started)
 

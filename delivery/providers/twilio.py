@@ -144,6 +144,8 @@ __all__ = [
 
 API_VERSION = "2010-04-01"
 PAGE_SIZE = 100
+#: A page of 100 message resources is some 100-200 KB: the body limit of a list query.
+LIST_LIMIT = 1024 * 1024
 SIDS = {
     "account_sid": re.compile(r"AC[0-9a-fA-F]{32}"),
     "messaging_service_sid": re.compile(r"MG[0-9a-fA-F]{32}"),
@@ -239,7 +241,7 @@ class TwilioProvider(PooledClient):
         status = 200
         for _ in range(self._pages):
             try:
-                response = self._client.get(url, params=query)
+                response = self._exchange("GET", url, limit=LIST_LIMIT, params=query)
             except httpx.HTTPError as exc:
                 return LookupFailed(classify_exception(exc).code, str(exc)[:500])
             page = parse_json(response)

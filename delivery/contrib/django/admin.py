@@ -197,7 +197,6 @@ class MessageAdmin(_ModelAdmin):
         "last_error_code",
         "last_error",
         "provider_ref",
-        "payload_hash",
         "created_at",
         "updated_at",
         "sent_at",
