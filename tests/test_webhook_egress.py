@@ -272,3 +272,67 @@ def test_enqueue_honours_the_allowlist_and_https_only() -> None:
     with pytest.raises(InvalidMessage) as err:
         adapter_for("webhook").check_recipient(strict, "http://hooks.example.com/h")
     assert err.value.field == "to" and "https" in err.value.problem
+
+
+@pytest.fixture
+def tls_receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """An https receiver on 127.0.0.1 with a certificate for ``hooks.test`` from a test CA that
+    the client trusts (SSL_CERT_FILE); it records the SNI names it is offered."""
+    import ssl
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ca.issue_cert("hooks.test").configure_cert(context)
+    names: list[str | None] = []
+    context.sni_callback = lambda sock, name, ctx: names.append(name)  # type: ignore[assignment]
+    posts: list[str] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            posts.append(self.path)
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = context.wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1], names, posts
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_tls_verifies_the_host_name_on_the_pinned_connection(
+    tls_receiver: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over https the guarded connection, pinned to the checked address (127.0.0.1,
+    allowlisted), still offers the host name as SNI and verifies the certificate against it: a
+    name the certificate covers is delivered, a name it does not cover is refused unsent."""
+    port, names, posts = tls_receiver
+    real = socket.getaddrinfo
+
+    def hosts(host: Any, p: Any, *args: Any, **kwargs: Any) -> Any:
+        if host in ("hooks.test", "other.test"):
+            return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", p))]
+        return real(host, p, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", hosts)
+    allowed = {"allow_networks": ["127.0.0.1/32"]}
+    assert send(f"https://hooks.test:{port}/hooks/a", **allowed) == Delivered(None, 204)
+    assert names == ["hooks.test"] and posts == ["/hooks/a"]
+    wrong = send(f"https://other.test:{port}/hooks/b", **allowed)
+    assert isinstance(wrong, Retryable) and wrong.code == "NETWORK_ConnectError"
+    assert "certificate" in wrong.reason.lower()
+    assert posts == ["/hooks/a"]
