@@ -124,6 +124,7 @@ def test_dns_rebinding_connects_only_to_the_address_that_was_checked(
     assert lookups == ["rebind.example.com"]
     assert connects == [(PUBLIC, 8080)]
     assert isinstance(first, Retryable) and first.code == "NETWORK_ConnectError"
+    assert PUBLIC not in first.reason and "rebind.example.com" not in first.reason  # no recipient
     second = send("http://rebind.example.com:8080/hooks/a")
     assert len(lookups) == 2
     assert connects == [(PUBLIC, 8080)]  # 127.0.0.1 never connected to

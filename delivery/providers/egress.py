@@ -20,7 +20,8 @@ only turns our settings into its policy and its refusals into our words:
   ``localhost``), for ``enqueue``; hostnames are checked again when the message is sent.
 - ``Egress.transport()``: the httpx transport that enforces it all on every connection.
 - ``blocked(exc)``: a refusal as the ``Permanent`` outcome ``WEBHOOK_ADDRESS_BLOCKED`` (or
-  ``WEBHOOK_URL_REFUSED``); its reason names the refused block, never the host or address.
+  ``WEBHOOK_URL_REFUSED``); its reason names the refused block, never the host or address;
+  ``scrub(text, host)`` takes both out of a network error's text.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from ssrfguard.httpx import SafeTransport
 from delivery.errors import ConfigError
 from delivery.pipeline.outcomes import Permanent
 
-__all__ = ["BLOCKED", "REFUSED", "Egress", "GuardError", "blocked"]
+__all__ = ["BLOCKED", "REFUSED", "Egress", "GuardError", "blocked", "scrub"]
 
 BLOCKED = "WEBHOOK_ADDRESS_BLOCKED"
 REFUSED = "WEBHOOK_URL_REFUSED"
@@ -153,6 +154,15 @@ def blocked(exc: SSRFGuardError, host: str) -> Permanent:
 
 
 _HINT = "allowlist an internal receiver with allow_hosts or allow_networks"
+_ADDRESS = re.compile(r"\[[0-9A-Fa-f:.]+\](:\d+)?|\b\d{1,3}(\.\d{1,3}){3}(:\d+)?\b")
+
+
+def scrub(text: str, host: str) -> str:
+    """``text`` without the receiver's host or any IP address (the guard's connection errors
+    list the addresses it tried): what is stored of a network error names no recipient."""
+    if host:
+        text = text.replace(host, "the receiver")
+    return _ADDRESS.sub("(address)", text)
 
 
 def _describe(exc: SSRFGuardError, host: str) -> str:

@@ -57,6 +57,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from urllib.parse import urlsplit
 
 import httpx
@@ -67,7 +68,7 @@ from delivery.pipeline import outcomes
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
-from delivery.providers.egress import Egress, GuardError, blocked
+from delivery.providers.egress import Egress, GuardError, blocked, scrub
 
 __all__ = [
     "MIN_SECRET_BYTES",
@@ -185,10 +186,17 @@ class WebhookProvider(PooledClient):
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(self._keys, envelope.key, timestamp, body),
         }
+        host = urlsplit(envelope.to).hostname or ""
         try:
-            return self._post(classify, envelope.to, content=body, headers=headers)
+            outcome = self._post(classify, envelope.to, content=body, headers=headers)
         except GuardError as exc:  # refused before any connection was made
-            return blocked(exc, urlsplit(envelope.to).hostname or "")
+            return blocked(exc, host)
+        if (
+            isinstance(outcome, outcomes.Retryable | outcomes.Unknown)
+            and outcome.http_status is None
+        ):
+            return replace(outcome, reason=scrub(outcome.reason, host))  # a network error
+        return outcome
 
     def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
         return outcomes.LookupFailed("NO_LOOKUP", "a webhook receiver cannot be asked; use 'retry'")
