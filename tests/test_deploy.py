@@ -275,7 +275,6 @@ def test_redis_requires_a_password_and_every_url_carries_it() -> None:
         assert files["broker.env"][name].startswith(f"redis://:{password}@redis:6379/"), name
     pg = files["postgres.env"]["POSTGRES_PASSWORD"]
     assert f":{pg}@postgres:5432/" in files["database.env"]["DELIVERY_DATABASE_URL"]
-    assert f":{pg}@postgres:5432/" in files["app.env"]["DATABASE_URL"]
 
 
 def flower_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, auth: str | None) -> Any:

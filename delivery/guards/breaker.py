@@ -70,7 +70,7 @@ __all__ = [
 
 log = logging.getLogger("delivery.breaker")
 
-SUCCESS = frozenset({"delivered", "found", "absent"})
+SUCCESS = frozenset({"delivered", "found", "absent", "undeliverable"})
 FAILURE = frozenset({"retryable", "unknown", "lookup_failed"})
 REDIS_RETRY = 5.0
 
