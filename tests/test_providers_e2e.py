@@ -149,6 +149,7 @@ timeouts = {{ read = 2 }}      # pigeon's own default (45 s) would outlast send_
 [providers.hooks]
 kind = "webhook"
 secret_env = "E2E_WEBHOOK_SECRET"
+allow_networks = ["127.0.0.1/32"]   # the receiver is on loopback: allowlisted, as documented
 
 [channels.sms]
 provider = "twilio"            # no on_unknown: the twilio kind's default, lookup
