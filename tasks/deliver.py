@@ -128,4 +128,8 @@ def _nudge(engine: Any, ids: list[int]) -> None:
     )
 
 
+# Read the settings now, at start-up: a half-configured process (a database URL but no broker,
+# say) fails here with a ConfigError naming the missing variable, not at its first commit,
+# whose nudge would only log it. Worker and beat import this module too.
+get_settings()
 outbox.set_nudge(_nudge)

@@ -1,0 +1,121 @@
+"""Recovery after a worker is killed, with the default settings (issue 12 §2).
+
+``held_by_killed_worker`` runs one worker (4 threads, so it prefetches 16 tasks besides the 4
+it runs) against a slow provider, SIGKILLs its process group while it holds messages, starts a
+new worker, and measures how long after the kill every message that was open at the kill is
+sent. ``tests/test_recovery.py`` asserts on it (30 s at most, on Redis and on RabbitMQ, one
+effect per key); ``bench/recovery.py`` writes its figures to ``bench/RELIABILITY.md``.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import fields
+
+from delivery.config.settings import BreakerConfig, Settings, Timeouts
+from delivery.pipeline.models import utcnow
+from tests.chaos import Report, Run, all_sent
+from tests.chaos_cluster import ChaosConfig, Cluster, wait_until
+
+__all__ = ["DEFAULTS", "held_by_killed_worker"]
+
+
+def _default(cls: type, name: str) -> float:
+    return float(next(f.default for f in fields(cls) if f.name == name))
+
+
+#: The product's defaults (read from the settings classes, so that this follows them), with a
+#: worker of 4 threads: nothing tuned for the test.
+DEFAULTS = ChaosConfig(
+    max_attempts=int(_default(Settings, "max_attempts")),
+    backoff_base=1.0,
+    backoff_cap=300.0,
+    relay_interval=_default(Settings, "relay_interval"),
+    sweep_interval=_default(Settings, "sweep_interval"),
+    dispatch_lease=_default(Settings, "dispatch_lease"),
+    send_lease=_default(Settings, "send_lease"),
+    connect=_default(Timeouts, "connect"),
+    write=_default(Timeouts, "write"),
+    read=_default(Timeouts, "read"),
+    pool=_default(Timeouts, "pool"),
+    breaker_threshold=int(_default(BreakerConfig, "failure_threshold")),
+    breaker_window=_default(BreakerConfig, "window"),
+    breaker_reset=_default(BreakerConfig, "reset_timeout"),
+    concurrency=4,
+)
+
+#: The promise: a killed worker's messages are all sent within this many seconds of the kill.
+BOUND_S = 30.0
+
+
+def held_by_killed_worker(cluster: Cluster, n: int, broker: str = "redis") -> Report:
+    """SIGKILL a worker holding prefetched and in-flight messages (default settings); every
+    message open at the kill must be sent within ``BOUND_S`` of it, each key once."""
+    report = Report("held-by-killed-worker", "worker SIGKILLed holding messages", broker, n)
+    with cluster.pipeline(report.scenario, broker, DEFAULTS) as (pipe, settings):
+        cluster.proxy.set(latency_ms=500)  # slow sends: the worker holds what it prefetched
+        run = Run(cluster, pipe, settings, report)
+        run.feed(1.0)
+        assert run.feeder is not None
+        run.feeder.join()
+        busy = wait_until(
+            lambda: (
+                int(
+                    cluster.scalar(
+                        "SELECT count(*) FROM delivery_messages WHERE status = 'sending'"
+                    )
+                    or 0
+                )
+                >= 3
+            ),
+            30,
+            0.05,
+        )
+        open_at_kill = int(
+            cluster.scalar(
+                "SELECT count(*) FROM delivery_messages WHERE status IN "
+                "('pending', 'dispatched', 'sending')"
+            )
+            or 0
+        )
+        held = int(
+            cluster.scalar(
+                "SELECT count(*) FROM delivery_messages WHERE status IN ('dispatched', 'sending')"
+            )
+            or 0
+        )
+        killed_at = utcnow()
+        kill_clock = time.monotonic()
+        pipe.kill_worker()
+        time.sleep(0.5)
+        pipe.start_worker()
+        run.recovered()
+        run.finish(all_sent, timeout=BOUND_S + 150.0)
+        last_sent = cluster.scalar(
+            "SELECT max(updated_at) FROM delivery_messages WHERE status = 'sent'"
+        )
+        after = (last_sent - killed_at).total_seconds() if last_sent is not None else None
+        report.recovery_s = None if after is None else round(after, 1)
+        report.faults = (
+            f"SIGKILL with {held} messages dispatched or sending, {open_at_kill} open in all; "
+            f"a new worker started 0.5 s later"
+        )
+        report.figures.update(
+            open_at_kill=open_at_kill,
+            held_at_kill=held,
+            last_sent_after_kill_s=report.recovery_s,
+            wall_s=round(time.monotonic() - kill_clock, 1),
+            lease_expired_attempts=int(
+                cluster.scalar(
+                    "SELECT count(*) FROM delivery_attempts WHERE error_code = 'LEASE_EXPIRED'"
+                )
+                or 0
+            ),
+        )
+        report.check(busy, "the worker never had 3 sends in flight: the kill hit nothing")
+        report.check(held >= 8, f"only {held} messages held at the kill: nothing to recover")
+        report.check(
+            after is not None and after <= BOUND_S,
+            f"the last message was sent {after} s after the kill (bound {BOUND_S:g} s)",
+        )
+    return report
