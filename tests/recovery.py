@@ -15,9 +15,9 @@ from dataclasses import fields
 from delivery.config.settings import BreakerConfig, Settings, Timeouts
 from delivery.pipeline.models import utcnow
 from tests.chaos import Report, Run, all_sent
-from tests.chaos_cluster import ChaosConfig, Cluster, wait_until
+from tests.chaos_cluster import ChaosConfig, Cluster, Feeder, wait_until
 
-__all__ = ["DEFAULTS", "held_by_killed_worker"]
+__all__ = ["BLOCKED", "DEFAULTS", "held_by_killed_worker", "relay_with_blocked_slots"]
 
 
 def _default(cls: type, name: str) -> float:
@@ -58,15 +58,15 @@ def held_by_killed_worker(cluster: Cluster, n: int, broker: str = "redis") -> Re
         run.feed(1.0)
         assert run.feeder is not None
         run.feeder.join()
+        # Kill once everything is published and the worker is busy sending (two rounds of
+        # sends done): it then holds its running sends and up to 16 prefetched tasks.
         busy = wait_until(
-            lambda: (
-                int(
-                    cluster.scalar(
-                        "SELECT count(*) FROM delivery_messages WHERE status = 'sending'"
-                    )
-                    or 0
+            lambda: bool(
+                cluster.scalar(
+                    "SELECT count(*) FILTER (WHERE status = 'sending') >= 3 "
+                    "AND count(*) FILTER (WHERE status = 'sent') >= 8 "
+                    "AND count(*) FILTER (WHERE status = 'pending') = 0 FROM delivery_messages"
                 )
-                >= 3
             ),
             30,
             0.05,
@@ -118,4 +118,65 @@ def held_by_killed_worker(cluster: Cluster, n: int, broker: str = "redis") -> Re
             after is not None and after <= BOUND_S,
             f"the last message was sent {after} s after the kill (bound {BOUND_S:g} s)",
         )
+    return report
+
+
+#: Every worker slot blocked: 20 s provider calls (read timeout 30 s), 2 threads.
+BLOCKED = ChaosConfig(
+    **{
+        **{f.name: getattr(DEFAULTS, f.name) for f in fields(DEFAULTS)},
+        "read": 30.0,
+        "concurrency": 2,
+    }
+)
+BLOCKED_CALL_MS = 20_000
+
+
+def relay_with_blocked_slots(cluster: Cluster, broker: str = "redis") -> Report:
+    """With both worker slots (and their prefetch) stuck in 20 s provider calls, a message
+    enqueued afterwards is still claimed and published by beat's relay within a few seconds
+    (the worker receives its task while every slot is busy), and no relay or sweep task ever
+    reaches a worker."""
+    n = 12  # 2 running, 8 prefetched, 2 waiting in the queue
+    report = Report("relay-blocked-slots", "every worker slot blocked", broker, n + 1)
+    with cluster.pipeline(report.scenario, broker, BLOCKED) as (pipe, settings):
+        cluster.proxy.set(latency_ms=BLOCKED_CALL_MS)
+        run = Run(cluster, pipe, settings, report)
+        run.feed(0.5)
+        assert run.feeder is not None
+        run.feeder.join()
+        full = wait_until(
+            lambda: (
+                int(
+                    cluster.scalar(
+                        "SELECT count(*) FROM delivery_messages WHERE status = 'sending'"
+                    )
+                    or 0
+                )
+                >= 2
+            ),
+            30,
+            0.05,
+        )
+        late = Feeder(cluster.db, settings, "late", 1, 0.0).start().join()
+        key = late.keys[0]
+        enqueued = time.monotonic()
+        received = wait_until(
+            lambda: f"delivery.deliver[{key}] received" in pipe.logs_text(), 30, 0.1
+        )
+        report.figures["claimed_and_received_s"] = round(time.monotonic() - enqueued, 2)
+        status = cluster.scalar("SELECT status FROM delivery_messages WHERE key = :k", k=key)
+        sending = int(
+            cluster.scalar("SELECT count(*) FROM delivery_messages WHERE status = 'sending'") or 0
+        )
+        logs = pipe.logs_text()
+        report.figures.update(late_status=status, sending_when_received=sending)
+        report.check(full, "the worker's slots were never all busy")
+        report.check(received, f"the late message's task never reached the worker ({status})")
+        report.check(sending >= 2, f"only {sending} slots were busy when it was received")
+        report.check(
+            "delivery.relay" not in logs and "delivery.sweep" not in logs,
+            "a relay or sweep task reached the worker",
+        )
+        report.statuses = {status or "missing": 1}
     return report

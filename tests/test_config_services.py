@@ -135,3 +135,19 @@ def test_worker_half_configured_refuses_to_start(tmp_path: Path) -> None:
     assert done.returncode != 0
     assert "DELIVERY_DATABASE_URL" in done.stdout + done.stderr
     assert not (tmp_path / ".delivery").exists()
+
+
+def test_hold_lease_must_be_below_send_lease(tmp_path: Path) -> None:
+    """An explicit hold_lease not below send_lease is refused naming delivery.hold_lease; left
+    to its default under a short send_lease it becomes half of it (a live send must not be
+    taken for dead before send_lease)."""
+    path = tmp_path / "delivery.toml"
+    path.write_text("[delivery]\nsend_lease = 30\nhold_lease = 30\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"DELIVERY_CONFIG": str(path)})
+    assert caught.value.key == "delivery.hold_lease"
+    path.write_text(
+        "[delivery]\nsend_lease = 9\n[timeouts]\nconnect = 1\nwrite = 1\nread = 1\npool = 1\n"
+    )
+    assert load_settings({"DELIVERY_CONFIG": str(path)}).hold_lease == 4.5
+    assert load_settings({}).hold_lease == 10.0

@@ -290,10 +290,12 @@ def settings_from_mapping(
         **values,
     )
     if settings.hold_lease >= settings.send_lease:
-        raise ConfigError(
-            "delivery.hold_lease",
-            f"must be below delivery.send_lease ({settings.send_lease:g} s)",
-        )
+        if "hold_lease" in values:
+            raise ConfigError(
+                "delivery.hold_lease",
+                f"must be below delivery.send_lease ({settings.send_lease:g} s)",
+            )
+        settings = settings.with_(hold_lease=settings.send_lease / 2)  # a short send_lease
     for provider in providers.values():
         if settings.send_lease <= provider.timeouts.total:
             raise ConfigError(
