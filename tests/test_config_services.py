@@ -151,3 +151,18 @@ def test_hold_lease_must_be_below_send_lease(tmp_path: Path) -> None:
     )
     assert load_settings({"DELIVERY_CONFIG": str(path)}).hold_lease == 4.5
     assert load_settings({}).hold_lease == 10.0
+
+
+def test_framework_database_without_broker_is_refused() -> None:
+    """A Flask or Django app with no DELIVERY_* setting gets its own database as the outbox;
+    without a broker that is half-configured too, and the error says so."""
+    from delivery.contrib.settings import settings_from_config
+
+    with pytest.raises(ConfigError) as caught:
+        settings_from_config({}, environ={}, default_database_url=PG)
+    assert caught.value.key == "DELIVERY_BROKER_URL"
+    assert "the app's own database" in str(caught.value)
+    settings = settings_from_config(
+        {"DELIVERY_BROKER_URL": "redis://127.0.0.1:6379/0"}, environ={}, default_database_url=PG
+    )
+    assert settings.database_url == PG
