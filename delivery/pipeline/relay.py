@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 from sqlalchemy import (
@@ -149,33 +150,43 @@ def relay_once(
     ``delivery.pipeline.backpressure``) caps how many rows of each priority this pass may
     publish; a priority it does not name, or names with ``None``, is not capped.
     """
+    one = _Pass(engine, publish, batch, lease, ids, max_batches, now)
     capped = {p: r for p, r in (rooms or {}).items() if r is not None}
     if not capped or min(capped.values()) >= batch * max_batches:
-        return _relay_group(engine, publish, batch, lease, ids, max_batches, now, None, None)
+        return _relay_group(one, None, None)
     total = 0
     for priority in PRIORITIES:  # each priority on its own: a full bulk queue holds back bulk
         room = capped.get(priority)
         if room is None or room > 0:
-            total += _relay_group(
-                engine, publish, batch, lease, ids, max_batches, now, [priority], room
-            )
+            total += _relay_group(one, [priority], room)
     return total
 
 
-def _relay_group(
-    engine: Engine,
-    publish: Publisher,
-    batch: int,
-    lease: float,
-    ids: Sequence[int] | None,
-    max_batches: int,
-    now: dt.datetime | None,
-    priorities: Sequence[str] | None,
-    room: int | None,
-) -> int:
+@dataclass(frozen=True, slots=True)
+class _Pass:
+    """One relay pass's arguments, as ``relay_once`` was given them."""
+
+    engine: Engine
+    publish: Publisher
+    batch: int
+    lease: float
+    ids: Sequence[int] | None
+    max_batches: int
+    now: dt.datetime | None
+
+
+def _relay_group(one: _Pass, priorities: Sequence[str] | None, room: int | None) -> int:
     """``relay_once`` for the rows of ``priorities`` (``None``: all), ``room`` at most."""
+    engine, publish, batch, lease, ids, now = (
+        one.engine,
+        one.publish,
+        one.batch,
+        one.lease,
+        one.ids,
+        one.now,
+    )
     total = 0
-    for _ in range(max_batches):
+    for _ in range(one.max_batches):
         limit = batch if room is None else min(batch, room - total)
         if limit <= 0:
             break
