@@ -14,6 +14,10 @@ A ``sending`` row is renewed only while its attempt is younger than ``send_lease
 the provider's total timeout. So a hung call is still taken for dead at ``send_lease``, and a
 live one is never taken for dead while its worker renews.
 
+The window it leaves: a task the worker received in the last few milliseconds before it
+died (before the keeper's next look, every 20 ms, and its UPDATE) still has the relay's
+``dispatch_lease`` and comes back after it.
+
 Like every lifeline (Oban's), this can cause a duplicate: a live worker that cannot reach the
 database for ``hold_lease`` s loses its rows to the sweeper, and a send then in flight may be
 made again with the same key (the provider dedupes; ``give_up`` parks it as ``unknown``).
