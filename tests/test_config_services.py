@@ -127,13 +127,14 @@ def test_app_importing_tasks_half_configured_fails_at_import(tmp_path: Path) -> 
 
 
 def test_worker_half_configured_refuses_to_start(tmp_path: Path) -> None:
-    """``celery -A tasks worker`` with a broker but no database URL exits at start-up naming
-    DELIVERY_DATABASE_URL (it does not start consuming)."""
+    """``celery -A tasks worker`` with a broker but no database URL exits at start-up with one
+    line naming DELIVERY_DATABASE_URL, no traceback (it does not start consuming)."""
     env = _env(DELIVERY_BROKER_URL="redis://127.0.0.1:1/0", PYTHONPATH=str(ROOT))
     argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "solo"]
     done = _run(argv, env, tmp_path)
     assert done.returncode != 0
-    assert "DELIVERY_DATABASE_URL" in done.stdout + done.stderr
+    assert "DELIVERY_DATABASE_URL" in done.stderr and "Traceback" not in done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert not (tmp_path / ".delivery").exists()
 
 
