@@ -80,7 +80,7 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
         self.conf.update(conf)
 
 
-app = DeliveryCelery("delivery", include=["tasks.deliver", "tasks.schedule"])
+app = DeliveryCelery("delivery", include=["tasks.deliver", "tasks.schedule", "tasks.leases"])
 
 _lock = threading.Lock()
 _service: Service | None = None

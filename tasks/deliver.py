@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from celery import Task
 
+from delivery.errors import ConfigError
 from delivery.pipeline import outbox
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sender import Action
@@ -131,4 +134,17 @@ def _nudge(engine: Any, ids: list[int]) -> None:
     )
 
 
+# Read the settings now, at start-up: a half-configured process (a database URL but no broker,
+# say) fails here with a ConfigError naming the missing variable, not at its first commit,
+# whose nudge would only log it. Worker and beat import this module too.
+def _check_settings() -> None:
+    try:
+        get_settings()
+    except ConfigError as exc:
+        if Path(sys.argv[0]).name in ("celery", "__main__.py") and "celery" in sys.argv[0]:
+            raise SystemExit(f"delivery: {exc}") from None  # the celery command: one line
+        raise
+
+
+_check_settings()
 outbox.set_nudge(_nudge)

@@ -2,15 +2,23 @@
 
 Environment:
 
-- ``DELIVERY_DATABASE_URL``: SQLAlchemy URL of the outbox (default: SQLite in ``./.delivery``).
-- ``DELIVERY_BROKER_URL``: Celery broker (default: a file broker in ``./.delivery/broker``).
+- ``DELIVERY_DATABASE_URL``: SQLAlchemy URL of the outbox; ``postgres://`` and
+  ``postgresql://`` get the installed driver (``postgresql+psycopg://``).
+- ``DELIVERY_BROKER_URL``: Celery broker.
 - ``DELIVERY_REDIS_URL``: Redis for shared state such as the circuit breaker (optional).
+
+With none of these three set, the embedded default applies: a SQLite outbox and a file broker
+in ``DELIVERY_HOME`` (``./.delivery``). Once one is set, the database and the broker must both
+be: a half-configured process (say, an app with a database URL but no broker, which would
+publish to a file no worker reads) fails at start-up with a ``ConfigError`` naming the missing
+variable.
 - ``DELIVERY_CONFIG``: path of a TOML file with the sections below (optional).
 
 TOML (every section optional; unknown keys are errors that name the key)::
 
     [delivery]          # max_attempts, max_payload_bytes, relay_interval, relay_batch,
-                        # dispatch_lease, send_lease, sweep_interval, max_countdown
+                        # dispatch_lease, send_lease, hold_lease, sweep_interval,
+                        # max_countdown
     [backoff]           # base, cap (seconds)
     [timeouts]          # connect, write, read, pool (seconds), defaults for every provider
     [providers.NAME]    # kind = "http", base_url, api_key_env, [providers.NAME.timeouts],
@@ -52,7 +60,13 @@ from delivery.errors import ConfigError
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.registry import adapter_for
 
-__all__ = ["load_settings", "settings_from_mapping"]
+__all__ = [
+    "REQUIRED_VARIABLES",
+    "SERVICE_VARIABLES",
+    "database_url_for",
+    "load_settings",
+    "settings_from_mapping",
+]
 
 _TOP = {"delivery", "backoff", "timeouts", "providers", "channels", "types"}
 _TUNING: dict[str, type] = {
@@ -62,6 +76,7 @@ _TUNING: dict[str, type] = {
     "relay_batch": int,
     "dispatch_lease": float,
     "send_lease": float,
+    "hold_lease": float,
     "sweep_interval": float,
     "max_countdown": float,
 }
@@ -274,6 +289,13 @@ def settings_from_mapping(
         home=home,
         **values,
     )
+    if settings.hold_lease >= settings.send_lease:
+        if "hold_lease" in values:
+            raise ConfigError(
+                "delivery.hold_lease",
+                f"must be below delivery.send_lease ({settings.send_lease:g} s)",
+            )
+        settings = settings.with_(hold_lease=settings.send_lease / 2)  # a short send_lease
     for provider in providers.values():
         if settings.send_lease <= provider.timeouts.total:
             raise ConfigError(
@@ -301,12 +323,71 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             raise ConfigError("DELIVERY_CONFIG", f"file {path!r} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("DELIVERY_CONFIG", f"{path!r} is not valid TOML: {exc}") from None
-    database_url = env.get("DELIVERY_DATABASE_URL") or f"sqlite:///{home}/outbox.sqlite3"
-    broker_url = env.get("DELIVERY_BROKER_URL") or "filesystem://"
+    given = {name: env.get(name) or None for name in SERVICE_VARIABLES}
+    if not any(given.values()):  # nothing configured: the embedded default
+        database_url, broker_url = f"sqlite:///{home}/outbox.sqlite3", "filesystem://"
+    else:
+        for name in REQUIRED_VARIABLES:
+            if given[name] is None:
+                others = ", ".join(n for n, v in given.items() if v)
+                raise ConfigError(
+                    name,
+                    f"is not set while {others} is: set it too (the embedded default, "
+                    "a SQLite outbox and a file broker, applies only when none is set)",
+                )
+        database_url = database_url_for(str(given["DELIVERY_DATABASE_URL"]))
+        broker_url = str(given["DELIVERY_BROKER_URL"])
     return settings_from_mapping(
         data,
         database_url=database_url,
         broker_url=broker_url,
-        redis_url=env.get("DELIVERY_REDIS_URL") or None,
+        redis_url=given["DELIVERY_REDIS_URL"],
         home=home,
     )
+
+
+#: The variables that name the services; with none set, the embedded default applies.
+SERVICE_VARIABLES = ("DELIVERY_DATABASE_URL", "DELIVERY_BROKER_URL", "DELIVERY_REDIS_URL")
+#: Once one of them is set, these must be too (Redis stays optional).
+REQUIRED_VARIABLES = ("DELIVERY_DATABASE_URL", "DELIVERY_BROKER_URL")
+
+#: PostgreSQL drivers SQLAlchemy can use, preferred first; ``postgres://`` (Heroku's
+#: spelling) and a bare ``postgresql://`` get the first one installed.
+_PG_DRIVERS = (("psycopg", "psycopg"), ("psycopg2", "psycopg2"))
+
+
+def database_url_for(url: str, key: str = "DELIVERY_DATABASE_URL") -> str:
+    """``url`` as SQLAlchemy takes it, with its driver importable, or a one-line
+    ``ConfigError`` naming ``key`` (never the URL itself: it may hold a password)."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ConfigError(key, "is not a database URL (expected e.g. postgresql://host/db)")
+    if scheme in ("postgres", "postgresql"):
+        driver = next((d for d, module in _PG_DRIVERS if _importable(module)), None)
+        if driver is None:
+            raise ConfigError(
+                key, "is a PostgreSQL URL but no driver is installed (pip install psycopg)"
+            )
+        url = f"postgresql+{driver}://{rest}"
+    try:
+        dialect = make_url(url).get_dialect()
+    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
+        raise ConfigError(
+            key, f"{scheme}:// is not a database URL SQLAlchemy knows ({type(exc).__name__})"
+        ) from None
+    try:
+        dialect.import_dbapi()
+    except ImportError as exc:
+        raise ConfigError(
+            key, f"{scheme}://: its driver is not installed ({exc.name or exc})"
+        ) from None
+    return url
+
+
+def _importable(module: str) -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec(module) is not None

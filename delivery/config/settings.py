@@ -141,6 +141,7 @@ class Settings:
     relay_batch: int = 500
     dispatch_lease: float = 120.0
     send_lease: float = 60.0
+    hold_lease: float = 10.0  # a held message whose worker stopped renewing comes back then
     sweep_interval: float = 5.0
     max_countdown: float = 300.0
     home: str = DEFAULT_HOME

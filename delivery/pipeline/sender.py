@@ -1,10 +1,12 @@
 """One delivery attempt for one message: the worker's whole job, as a plain function.
 
 ``deliver`` takes the row from ``dispatched`` to ``sending`` with a conditional UPDATE and
-commits *before* calling the provider, so that a crash mid-call leaves a ``sending`` row the
-sweeper can find. The provider's outcome then decides the next state in one transaction
-together with the attempt's log row. A task for a row that is not ``dispatched``, not yet
-due, or already taken by another worker does nothing.
+commits *before* calling the provider (with a lease of ``hold_lease`` s that the worker's lease
+keeper renews while the call runs, up to ``send_lease``; see ``delivery.pipeline.leases``),
+so that a crash mid-call leaves a ``sending`` row the sweeper finds within seconds. The
+provider's outcome then decides the next state in one transaction together with the
+attempt's log row. A task for a row that is not ``dispatched``, not yet due, or already
+taken by another worker does nothing.
 
 Before taking the row, the provider's circuit breaker (``delivery.guards.breaker``) is asked: while
 it is open (or half-open with its one probe taken) the row goes back to ``pending`` until the
@@ -113,7 +115,9 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
             Status.DISPATCHED,
             Status.SENDING,
             attempts=attempt,
-            lease_expires_at=now + dt.timedelta(seconds=service.settings.send_lease),
+            # Short: the worker renews it while the call runs, up to send_lease after this
+            # take (delivery.pipeline.leases); a killed worker's send comes back in seconds.
+            lease_expires_at=now + dt.timedelta(seconds=service.settings.hold_lease),
         )
     if not taken:
         breaker.release(permit)
@@ -214,8 +218,7 @@ def _rate_limited(service: Service, row: Row[Any], wait: float) -> Result:
                     messages_table.c.status == Status.DISPATCHED.value,
                 )
                 .values(
-                    lease_expires_at=now
-                    + dt.timedelta(seconds=delay + service.settings.dispatch_lease)
+                    lease_expires_at=now + dt.timedelta(seconds=delay + service.settings.hold_lease)
                 )
             )
     return Result(

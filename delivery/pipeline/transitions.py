@@ -136,14 +136,16 @@ def park(
 
     A short wait stays ``dispatched`` (the task re-runs itself with a countdown, visible in
     Flower as a retry; the lease covers the wait, so a lost retry is recovered by the
-    sweeper). A long one goes back to the outbox as ``pending``: the broker never holds a
-    task longer than ``max_countdown``.
+    sweeper ``hold_lease`` s after it was due). A long one goes back to the outbox as
+    ``pending``: the broker never holds a task longer than ``max_countdown``.
     """
     now = utcnow()
     due = now + dt.timedelta(seconds=delay)
     short = delay <= settings.max_countdown
     status = Status.DISPATCHED if short else Status.PENDING
-    lease_until = due + dt.timedelta(seconds=settings.dispatch_lease) if short else None
+    # The worker holds a short retry: once due it renews the lease (delivery.pipeline.leases);
+    # if it dies meanwhile, the row comes back hold_lease s after its due time.
+    lease_until = due + dt.timedelta(seconds=settings.hold_lease) if short else None
     extra = {} if failure.needs_lookup is None else {"needs_lookup": failure.needs_lookup}
     done = finish(
         conn,
