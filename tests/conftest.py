@@ -64,9 +64,6 @@ pool = 1
 kind = "http"
 base_url = "http://127.0.0.1:{STUB_PORT}"
 
-[providers.stub.breaker]    # the suite injects faults at high rates; test_breaker.py has its own
-failure_threshold = 1000000
-
 [channels.sms]
 provider = "stub"
 on_unknown = "retry"

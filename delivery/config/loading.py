@@ -16,8 +16,9 @@ TOML (every section optional; unknown keys are errors that name the key)::
     [providers.NAME]    # kind = "http", base_url, api_key_env, [providers.NAME.timeouts],
                         # plus the adapter's own keys (config.options); kind is a built-in
                         # kind, an entry point or "package.module:Class" (delivery.providers)
-    [providers.NAME.breaker]  # failure_threshold, window, reset_timeout, success_threshold,
-                              # on_redis_error = "local" | "allow"
+    [providers.NAME.breaker]  # failure_rate, minimum_calls, consecutive_failures,
+                              # failure_threshold, window, reset_timeout, half_open_probes,
+                              # enabled, on_redis_error = "local" | "allow"
     [channels.NAME]     # NAME in sms | email | webhook; provider, on_unknown, max_attempts
     [types.NAME]        # channel, provider, on_unknown, max_attempts, priority, ttl, [backoff]
 
@@ -27,6 +28,7 @@ extra keys its table takes. Nothing here reads ``os.environ`` at import time.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -112,12 +114,25 @@ def _policy(value: Any, key: str) -> UnknownPolicy:
 def _breaker(table: Mapping[str, Any], where: str) -> BreakerConfig:
     _only(table, set(BreakerConfig.__dataclass_fields__), where)
     values: dict[str, Any] = {}
-    for key in ("failure_threshold", "success_threshold"):
+    for key, least in (
+        ("minimum_calls", 1),
+        ("half_open_probes", 1),
+        ("consecutive_failures", 0),
+        ("failure_threshold", 0),
+    ):
         if key in table:
-            values[key] = _number(table[key], f"{where}{key}", int, 1)
-    for key in ("window", "reset_timeout"):
+            values[key] = _number(table[key], f"{where}{key}", int, least)
+    for key in ("window", "reset_timeout", "failure_rate"):
         if key in table:
             values[key] = _number(table[key], f"{where}{key}", float, 0.001)
+            if not math.isfinite(values[key]):
+                raise ConfigError(f"{where}{key}", "must be a finite number")
+    if values.get("failure_rate", 0.0) > 1.0:
+        raise ConfigError(f"{where}failure_rate", "must be <= 1 (a share of the calls: 0.5 is 50%)")
+    if "enabled" in table:
+        if not isinstance(table["enabled"], bool):
+            raise ConfigError(f"{where}enabled", "must be true or false")
+        values["enabled"] = table["enabled"]
     if "on_redis_error" in table:
         choice = table["on_redis_error"]
         if choice not in ON_REDIS_ERROR:
