@@ -144,7 +144,12 @@ def test_the_rate_rule_opens_it_at_failure_rate_of_minimum_calls(backend: Backen
 
 def test_a_provider_failing_30_percent_stays_closed_with_the_defaults(backend: Backend) -> None:
     """2,000 calls with 30% failures, then 2,000 with 15% (seeded), under the default
-    breaker: it never opens (the old default, 5 failures a minute, opened within 20 calls)."""
+    breaker: it never opens; the old default (5 failures in the window) opens on the same
+    calls."""
+    old = backend.breaker(failure_threshold=5, consecutive_failures=0, minimum_calls=10**9)
+    rng = random.Random(12)
+    assert "open" in calls(old, [F if rng.random() < 0.3 else S for _ in range(2000)])
+    old.reset()
     b = backend.breaker()
     rng = random.Random(12)
     for share in (0.3, 0.15):
