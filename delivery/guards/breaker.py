@@ -31,17 +31,17 @@ minimum volume the rate rule trips it falsely with P(Binomial(40, 0.3) >= 20) = 
 over the ramp from 40 to 80 calls, by simulation), against 4.8% (5.8%) with a minimum of 20;
 at 100 calls in the window it is 2e-5, and with 15% failures (503s) 2e-7 at 40 calls. The run
 rule trips a 30%-failing provider once in 1/(0.7 * 0.3^10) = 240,000 calls (about 1.5 times
-an hour at 100 msg/s, each costing one reset_timeout), a 15%-failing one once in 7e8 calls.
+an hour at 100 msg/s, each costing one reset_timeout), a 15%-failing one once in 2e8 calls.
 A full outage costs: 10 failures to trip, plus the calls already in flight (at most the
 worker slots minus one), plus ``reopen_at`` probes (3) per reset_timeout: 10 + 7 + 3 = 20 for
-a 60 s outage with 8 worker slots (one half-open episode inside it), where the old count rule
-cost 5 + 7 + 2 and stalled a provider that mostly works.
+a 60 s outage with 8 worker slots (one half-open episode inside it); ``bench.breaker``
+measured 16, against 1,084 with the breaker disabled.
 
 **Half-open.** ``half_open_probes`` (5) probes, one at a time; it closes as soon as their
 failure rate can no longer reach ``failure_rate`` (3 successes of 5) and reopens as soon as
 it cannot fall below it (3 failures of 5): ``breaker_machine.probe_rule``. A 70%-healthy
-provider closes at the first episode with P(Binomial(5, 0.7) >= 3) = 84% (one failed probe
-reopening it, the old rule with 2 successes needed: 49%), and then stays closed, since the rate
+provider closes at the first episode with P(Binomial(5, 0.7) >= 3) = 84% (the old rule, two
+good probes in a row, any failure reopening it: 49%), and then stays closed, since the rate
 rule does not trip at 30%; a dead provider costs 3 requests per episode; a 20%-healthy one
 closes with 6%. Closing forgets the window and the run.
 
