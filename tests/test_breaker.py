@@ -874,3 +874,26 @@ def test_4xx_answers_do_not_open_it(fresh: Rig) -> None:
     assert (status.state, status.failures) == ("closed", 0)
     enqueue_many(rig, 1, "good")
     assert drained(rig.engine, 21, timeout=30) == {"dead": 20, "sent": 1}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "faults",
+    [{"drop_rate": 0.3, "seed": 5}, {"error_rate": 0.15, "error_status": 503, "seed": 6}],
+    ids=["30pct-lost-answers", "15pct-503"],
+)
+def test_a_provider_that_mostly_works_is_never_stalled(fresh: Rig, faults: dict[str, Any]) -> None:
+    """Issue 12's case, through two real workers and the default breaker: 100 messages while
+    the provider loses 30% of its answers after accepting (or answers 15% 503) are all sent,
+    the breaker never leaves closed and no message is parked."""
+    rig = fresh
+    started = time.time()
+    rig.stub.set_faults(**faults)
+    enqueue_many(rig, 100, f"mostly-{faults.get('drop_rate', 0)}")
+    assert drained(rig.engine, 100, timeout=60) == {"sent": 100}
+    failed = [r for r in rig.stub.requests() if r["outcome"] in ("dropped", "error")]
+    assert len(failed) >= 10, "the fault never hit"
+    events = worker_events(rig, started)
+    assert [e for e in events if e["event"] == "breaker_transition"] == []
+    mine = [e for e in events if str(e.get("key", "")).startswith("mostly-")]
+    assert [e for e in mine if e.get("code") == CIRCUIT_OPEN] == []
