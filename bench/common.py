@@ -325,7 +325,7 @@ def environment(engine: Any = None) -> dict[str, Any]:
 
     env: dict[str, Any] = {
         "python": platform.python_version(),
-        "delivery": _version("delivery"),
+        "delivery": _version("delivery-outbox"),
         **{name: _version(name) for name in ("celery", "kombu", "redis", "httpx", "sqlalchemy")},
         "psycopg": _version("psycopg"),
         "cpus": os.cpu_count(),

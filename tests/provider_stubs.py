@@ -192,6 +192,17 @@ def twilio_error(code: int, message: str, status: int = 400) -> Reply:
     )
 
 
+def _rfc2822(when: dt.datetime | None) -> str | None:
+    if when is None:
+        return None
+    return email.utils.format_datetime(when.astimezone(dt.UTC)).replace("-0000", "+0000")
+
+
+def _sent_at(message: Mapping[str, Any]) -> dt.datetime | None:
+    stamp = message.get("date_sent")
+    return email.utils.parsedate_to_datetime(stamp) if stamp else None
+
+
 class TwilioStub(StubServer):
     """Twilio's Messages API for one account: create (form, basic auth) and list (paged)."""
 
@@ -200,17 +211,33 @@ class TwilioStub(StubServer):
         self.account_sid, self.auth_token = account_sid, auth_token
         self.messages: list[dict[str, Any]] = []  # oldest first
         self.rules: dict[str, Reply] = {}  # To -> error answer
+        # To -> (status, error_code) that Twilio later reports on messages created to it
+        self.reports: dict[str, tuple[str, int | None]] = {}
         self.page_size_cap = page_size_cap
         self._path = f"/2010-04-01/Accounts/{account_sid}/Messages.json"
 
-    def add_message(self, to: str, body: str, created: dt.datetime, sender: str) -> dict[str, Any]:
-        """A message that exists already (sent by someone, some time ago)."""
-        return self._store(to, sender, body, created)
+    def add_message(
+        self,
+        to: str,
+        body: str,
+        created: dt.datetime,
+        sender: str,
+        *,
+        status: str = "queued",
+        error_code: int | None = None,
+        sent: dt.datetime | None = None,
+    ) -> dict[str, Any]:
+        """A message that exists already (sent by someone, some time ago), as Twilio reports
+        it now: ``status``, ``error_code`` and ``date_sent`` (``sent``; none while queued)."""
+        message = self._store(to, sender, body, created)
+        with self.lock:
+            message.update(status=status, error_code=error_code, date_sent=_rfc2822(sent))
+        return message
 
     def _store(self, to: str, sender: str, body: str, created: dt.datetime) -> dict[str, Any]:
         sid = "SM" + secrets.token_hex(16)
-        stamp = email.utils.format_datetime(created.astimezone(dt.UTC))
-        stamp = stamp.replace("-0000", "+0000")
+        stamp = _rfc2822(created)
+        status, error_code = self.reports.get(to, ("queued", None))
         message = {
             "account_sid": self.account_sid,
             "api_version": "2010-04-01",
@@ -219,7 +246,7 @@ class TwilioStub(StubServer):
             "date_sent": None,
             "date_updated": stamp,
             "direction": "outbound-api",
-            "error_code": None,
+            "error_code": error_code,
             "error_message": None,
             "from": sender,
             "messaging_service_sid": None,
@@ -228,7 +255,7 @@ class TwilioStub(StubServer):
             "price": None,
             "price_unit": "USD",
             "sid": sid,
-            "status": "queued",
+            "status": status,
             "subresource_uris": {"media": f"{self._path[:-5]}/{sid}/Media.json"},
             "to": to,
             "uri": f"{self._path[:-5]}/{sid}.json",
@@ -266,12 +293,14 @@ class TwilioStub(StubServer):
         q = {k: v[0] for k, v in request.query.items()}
         size = min(int(q.get("PageSize", 50)), self.page_size_cap)
         page = int(q.get("Page", 0))
-        with self.lock:
+        with self.lock:  # Twilio's order: by date_sent, newest first; unsent ones have none
             rows = [
                 m
                 for m in reversed(self.messages)
                 if m["to"] == q.get("To", m["to"]) and m["from"] == q.get("From", m["from"])
             ]
+        oldest = dt.datetime.min.replace(tzinfo=dt.UTC)  # unsent ones last, newest created first
+        rows.sort(key=lambda m: _sent_at(m) or oldest, reverse=True)
         chunk = rows[page * size : (page + 1) * size]
         keep = {k: q[k] for k in ("To", "From") if k in q}
         base = f"{self._path}?{urlencode({**keep, 'PageSize': size})}"

@@ -48,6 +48,7 @@ from delivery.pipeline.outcomes import (
     LookupFailed,
     Permanent,
     Retryable,
+    Undeliverable,
     Unknown,
 )
 from delivery.pipeline.relay import claim
@@ -458,6 +459,7 @@ def test_a_disabled_breaker_allows_every_call(backend: Backend) -> None:
         (Delivered("msg_1", 201), S),
         (Found("msg_1"), S),
         (Absent(), S),
+        (Undeliverable("30003", "unreachable handset"), S),
     ],
 )
 def test_what_counts_against_the_provider(outcome: Any, verdict: Verdict) -> None:

@@ -174,6 +174,31 @@ def test_beat_relay_pass_feeds_the_batch_size_histogram(clean: Engine) -> None:
     assert after == before + 1
 
 
+def test_beat_runs_the_relay_and_serves_its_metrics(clean: Engine, tmp_path: Path) -> None:
+    """A beat process alone (no worker) runs relay passes in its own threads and serves their
+    batch sizes on DELIVERY_BEAT_METRICS_PORT."""
+    from delivery.testing.processes import beat
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = {**os.environ, "DELIVERY_BEAT_METRICS_PORT": str(port)}
+    proc = beat(tmp_path / "beat.log", tmp_path / "schedule", env=env).start()
+    try:
+
+        def passes() -> float:
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            except httpx.HTTPError:
+                return 0.0
+            found = re.search(r"^delivery_relay_batch_size_count (\S+)$", page, re.M)
+            return float(found.group(1)) if found else 0.0
+
+        wait_until(lambda: passes() >= 3, 30)
+    finally:
+        proc.stop()
+    assert "relay every" in proc.output()
+
+
 # --- alert rules --------------------------------------------------------------------------
 
 

@@ -12,7 +12,8 @@ network error (connect refused or timed out, or an *unknown* outcome: the answer
 the request was written, which is the provider failing to answer), a 5xx, a 429, a 408 or 425.
 A 4xx never counts, nor does a lookup that failed (it says nothing about sending) or a 409
 ``IDEMPOTENCY_IN_PROGRESS`` (the provider is up and still busy with our earlier attempt):
-those are neutral. Successes are a delivery, a lookup that found or did not find the key.
+those are neutral. Successes are a delivery, and a lookup that answered (found the key, did
+not, or found it undeliverable).
 
 **Closed -> open** (``BreakerConfig``), on the calls of a rolling ``window`` (60 s), each call
 counted by ``allow``: any of

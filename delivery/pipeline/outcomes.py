@@ -8,7 +8,9 @@ A provider adapter turns every answer and every transport error into exactly one
 - ``Permanent``: it will never work (bad number, bad auth, key reused): ``dead``.
 - ``Unknown``: the request was written and no answer came back; the message's policy decides.
 
-A lookup (``GET ?idempotency_key=``) answers ``Found``, ``Absent`` or ``LookupFailed``.
+A lookup (``GET ?idempotency_key=``) answers ``Found``, ``Absent`` or ``LookupFailed``, or
+``Undeliverable`` when the provider has the message and reports that it failed for good
+(Twilio's ``undelivered`` with a permanent ``error_code``): ``dead`` with that code, no resend.
 
 ``classify_exception`` is the one place where httpx's exceptions become outcomes: a connect
 error or timeout means the request never left (safe to retry); any error after that means
@@ -34,6 +36,7 @@ __all__ = [
     "Outcome",
     "Permanent",
     "Retryable",
+    "Undeliverable",
     "Unknown",
     "classify_exception",
     "classify_response",
@@ -96,8 +99,17 @@ class LookupFailed:
     kind: str = "lookup_failed"
 
 
+@dataclass(frozen=True, slots=True)
+class Undeliverable:
+    code: str
+    reason: str
+    provider_ref: str | None = None
+    http_status: int | None = 200
+    kind: str = "undeliverable"
+
+
 Outcome = Delivered | Retryable | Permanent | Unknown
-LookupOutcome = Found | Absent | LookupFailed
+LookupOutcome = Found | Absent | LookupFailed | Undeliverable
 
 
 def parse_retry_after(value: str | None, now: dt.datetime | None = None) -> float | None:

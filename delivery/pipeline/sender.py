@@ -149,14 +149,14 @@ def breaker_verdict(outcome: Outcome | LookupOutcome) -> Verdict:
     """What one outcome says about the provider's health (``delivery.guards.breaker``):
     unknown (no answer after the request was written) and retryable answers are failures,
     except a 409 ``IDEMPOTENCY_IN_PROGRESS`` (the provider is up, busy with our earlier
-    attempt); a delivery or a lookup that answered is a success; a permanent answer (4xx)
-    and a failed lookup are neutral."""
+    attempt); a delivery or a lookup that answered (found, absent, or found undeliverable)
+    is a success; a permanent answer (4xx) and a failed lookup are neutral."""
     if isinstance(outcome, Unknown):
         return Verdict.FAILURE
     if isinstance(outcome, Retryable):
         in_progress = outcome.code == "IDEMPOTENCY_IN_PROGRESS"
         return Verdict.NEUTRAL if in_progress else Verdict.FAILURE
-    if outcome.kind in ("delivered", "found", "absent"):
+    if outcome.kind in ("delivered", "found", "absent", "undeliverable"):
         return Verdict.SUCCESS
     return Verdict.NEUTRAL
 

@@ -10,7 +10,9 @@
   again; ``lookup`` waits and asks the provider first; ``unknown`` once its attempts are spent.
 
 ``after_lookup`` does the same for a lookup: ``Found`` -> ``sent``; ``Absent`` -> go on and
-send; ``LookupFailed`` -> wait and look again (``unknown`` once the attempts are spent).
+send; ``LookupFailed`` -> wait and look again (``unknown`` once the attempts are spent);
+``Undeliverable`` (the provider has it and reports that it can never reach the recipient)
+-> ``dead`` with the provider's code.
 Every move goes through ``delivery.pipeline.transitions`` and emits a ``Transition``.
 """
 
@@ -62,6 +64,8 @@ def after_lookup(
             case outcomes.LookupFailed(code=code, reason=reason):
                 failure = Failure(code, reason, "lookup_failed", Status.UNKNOWN)
                 return _retry_or_stop(service, conn, msg, failure)
+            case outcomes.Undeliverable(code=code, reason=reason):
+                return _stop(conn, msg, Failure(code, reason, "undeliverable", Status.DEAD))
     raise AssertionError(found)
 
 
