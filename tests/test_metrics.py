@@ -373,7 +373,7 @@ def test_metrics_command_reads_the_outbox_and_breakers_on_each_scrape(clean: Eng
             assert value(second, "delivery_dead_letter_messages", provider="stub") == 3
 
             frame = json.loads(CliRunner().invoke(main, ["watch", "--once", "--json"]).output)
-            assert frame["breakers"] == {"stub": "open"}
+            assert frame["breakers"] == {"stub": "open", "unguarded": "disabled"}
             assert frame["statuses"]["dead"] == 3
     finally:
         breaker.reset()
