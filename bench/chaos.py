@@ -268,9 +268,12 @@ def write(
         "",
     ]
     # Sections other benches keep in this file (``<!-- bench.NAME -->`` ... ``<!-- /bench.NAME
-    # -->``, e.g. bench/bounds.py) are carried over as they are.
-    blocks = re.finditer(r"<!-- bench\.(\S+) -->.*?<!-- /bench\.\1 -->", _old(path), re.S)
+    # -->``, e.g. bench/bounds.py) are carried over as they are, and so is the table under
+    # ``## Hardening`` at the end (bench.common.reliability_row).
+    old = _old(path)
+    blocks = re.finditer(r"<!-- bench\.(\S+) -->.*?<!-- /bench\.\1 -->", old, re.S)
     doc += [block.group(0) + "\n" for block in blocks]
+    doc += ["".join(old.partition("## Hardening")[1:])]
     path.write_text("\n".join(doc))
 
 

@@ -40,8 +40,6 @@ DEFAULTS = ChaosConfig(
     write=_default(Timeouts, "write"),
     read=_default(Timeouts, "read"),
     pool=_default(Timeouts, "pool"),
-    breaker_threshold=int(_default(BreakerConfig, "failure_threshold")),
-    breaker_window=_default(BreakerConfig, "window"),
     breaker_reset=_default(BreakerConfig, "reset_timeout"),
     concurrency=4,
 )

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from delivery.config.loading import database_url_for, load_settings
+from delivery.config.loading import load_settings
+from delivery.config.urls import database_url_for
 from delivery.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]

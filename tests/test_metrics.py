@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from delivery.cli import main
 from delivery.config.loading import load_settings
 from delivery.config.settings import BreakerConfig
-from delivery.guards.breaker import BreakerState, BreakerTransition, CircuitBreaker
+from delivery.guards.breaker import BreakerState, BreakerTransition, CircuitBreaker, Verdict
 from delivery.guards.redis_client import redis_client
 from delivery.observability.events import Transition, emit
 from delivery.observability.metrics import OutboxCollector, WorkerMetrics, exporter_registry
@@ -347,7 +347,7 @@ def test_metrics_command_reads_the_outbox_and_breakers_on_each_scrape(clean: Eng
                 lease_expires_at=utcnow() + dt.timedelta(hours=1),
                 attempts=1,
             )
-            breaker.record(breaker.allow(), "retryable")
+            breaker.record(breaker.allow(), Verdict.FAILURE)
             assert breaker.status().state == "open"
 
             argv = [sys.executable, "-m", "delivery.cli", "metrics", "--port", "0"]
@@ -373,7 +373,7 @@ def test_metrics_command_reads_the_outbox_and_breakers_on_each_scrape(clean: Eng
             assert value(second, "delivery_dead_letter_messages", provider="stub") == 3
 
             frame = json.loads(CliRunner().invoke(main, ["watch", "--once", "--json"]).output)
-            assert frame["breakers"] == {"stub": "open"}
+            assert frame["breakers"] == {"stub": "open", "unguarded": "disabled"}
             assert frame["statuses"]["dead"] == 3
     finally:
         breaker.reset()

@@ -90,9 +90,6 @@ kind = "http"
 base_url = "http://127.0.0.1:{STUB_PORT}"
 rate_limit = {RATE}
 
-[providers.limited.breaker]  # this test is about the rate, not about outages
-failure_threshold = 1000000
-
 [channels.sms]
 provider = "limited"
 """)

@@ -58,7 +58,7 @@ def _when(epoch: float | None) -> str | None:
 @breaker_group.command("status")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list, one object per provider.")
 def breaker_status(as_json: bool) -> None:
-    """Show each provider's breaker: state, failures in the window, next probe time."""
+    """Show each provider's breaker: state, failures and calls in the window, next probe."""
     with _breakers() as breakers:
         rows: list[dict[str, Any]] = []
         for name in breakers.settings.providers:
@@ -69,7 +69,9 @@ def breaker_status(as_json: bool) -> None:
                     "provider": name,
                     "state": status.state,
                     "failures": status.failures,
-                    "failure_threshold": config.failure_threshold,
+                    "calls": status.calls,
+                    "failure_rate": config.failure_rate,
+                    "minimum_calls": config.minimum_calls,
                     "window": config.window,
                     "next_probe_at": _when(status.next_probe_at),
                     "probe_in_flight": status.probe_in_flight,
@@ -78,12 +80,17 @@ def breaker_status(as_json: bool) -> None:
     if as_json:
         echo_json(rows)
         return
-    table = new_table("provider", "state", "failures in window", "next probe (UTC)", "probe")
+    table = new_table(
+        "provider", "state", "failures / calls in window", "next probe (UTC)", "probe"
+    )
     for row in rows:
         table.add_row(
             cell(row["provider"]),
             cell(row["state"]),
-            cell(f"{row['failures']}/{row['failure_threshold']} in {row['window']:g} s"),
+            cell(
+                f"{row['failures']}/{row['calls']} in {row['window']:g} s "
+                f"(opens at {row['failure_rate']:.0%} of >= {row['minimum_calls']})"
+            ),
             cell(row["next_probe_at"] and row["next_probe_at"][:19].replace("T", " ")),
             cell("in flight" if row["probe_in_flight"] else None),
         )

@@ -24,8 +24,9 @@ TOML (every section optional; unknown keys are errors that name the key)::
     [providers.NAME]    # kind = "http", base_url, api_key_env, [providers.NAME.timeouts],
                         # plus the adapter's own keys (config.options); kind is a built-in
                         # kind, an entry point or "package.module:Class" (delivery.providers)
-    [providers.NAME.breaker]  # failure_threshold, window, reset_timeout, success_threshold,
-                              # on_redis_error = "local" | "allow"
+    [providers.NAME.breaker]  # failure_rate, minimum_calls, consecutive_failures,
+                              # failure_threshold, window, reset_timeout, half_open_probes,
+                              # enabled, on_redis_error = "local" | "allow"
     [channels.NAME]     # NAME in sms | email | webhook; provider, on_unknown, max_attempts
     [types.NAME]        # channel, provider, on_unknown, max_attempts, priority, ttl, [backoff]
 
@@ -35,6 +36,7 @@ extra keys its table takes. Nothing here reads ``os.environ`` at import time.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -56,6 +58,7 @@ from delivery.config.settings import (
     Settings,
     Timeouts,
 )
+from delivery.config.urls import database_url_for
 from delivery.errors import ConfigError
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.registry import adapter_for
@@ -63,7 +66,6 @@ from delivery.providers.registry import adapter_for
 __all__ = [
     "REQUIRED_VARIABLES",
     "SERVICE_VARIABLES",
-    "database_url_for",
     "load_settings",
     "settings_from_mapping",
 ]
@@ -127,12 +129,25 @@ def _policy(value: Any, key: str) -> UnknownPolicy:
 def _breaker(table: Mapping[str, Any], where: str) -> BreakerConfig:
     _only(table, set(BreakerConfig.__dataclass_fields__), where)
     values: dict[str, Any] = {}
-    for key in ("failure_threshold", "success_threshold"):
+    for key, least in (
+        ("minimum_calls", 1),
+        ("half_open_probes", 1),
+        ("consecutive_failures", 0),
+        ("failure_threshold", 0),
+    ):
         if key in table:
-            values[key] = _number(table[key], f"{where}{key}", int, 1)
-    for key in ("window", "reset_timeout"):
+            values[key] = _number(table[key], f"{where}{key}", int, least)
+    for key in ("window", "reset_timeout", "failure_rate"):
         if key in table:
             values[key] = _number(table[key], f"{where}{key}", float, 0.001)
+            if not math.isfinite(values[key]):
+                raise ConfigError(f"{where}{key}", "must be a finite number")
+    if values.get("failure_rate", 0.0) > 1.0:
+        raise ConfigError(f"{where}failure_rate", "must be <= 1 (a share of the calls: 0.5 is 50%)")
+    if "enabled" in table:
+        if not isinstance(table["enabled"], bool):
+            raise ConfigError(f"{where}enabled", "must be true or false")
+        values["enabled"] = table["enabled"]
     if "on_redis_error" in table:
         choice = table["on_redis_error"]
         if choice not in ON_REDIS_ERROR:
@@ -350,44 +365,3 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
 SERVICE_VARIABLES = ("DELIVERY_DATABASE_URL", "DELIVERY_BROKER_URL", "DELIVERY_REDIS_URL")
 #: Once one of them is set, these must be too (Redis stays optional).
 REQUIRED_VARIABLES = ("DELIVERY_DATABASE_URL", "DELIVERY_BROKER_URL")
-
-#: PostgreSQL drivers SQLAlchemy can use, preferred first; ``postgres://`` (Heroku's
-#: spelling) and a bare ``postgresql://`` get the first one installed.
-_PG_DRIVERS = (("psycopg", "psycopg"), ("psycopg2", "psycopg2"))
-
-
-def database_url_for(url: str, key: str = "DELIVERY_DATABASE_URL") -> str:
-    """``url`` as SQLAlchemy takes it, with its driver importable, or a one-line
-    ``ConfigError`` naming ``key`` (never the URL itself: it may hold a password)."""
-    from sqlalchemy.engine import make_url
-    from sqlalchemy.exc import ArgumentError, NoSuchModuleError
-
-    scheme, sep, rest = url.partition("://")
-    if not sep:
-        raise ConfigError(key, "is not a database URL (expected e.g. postgresql://host/db)")
-    if scheme in ("postgres", "postgresql"):
-        driver = next((d for d, module in _PG_DRIVERS if _importable(module)), None)
-        if driver is None:
-            raise ConfigError(
-                key, "is a PostgreSQL URL but no driver is installed (pip install psycopg)"
-            )
-        url = f"postgresql+{driver}://{rest}"
-    try:
-        dialect = make_url(url).get_dialect()
-    except (ArgumentError, NoSuchModuleError, ValueError) as exc:
-        raise ConfigError(
-            key, f"{scheme}:// is not a database URL SQLAlchemy knows ({type(exc).__name__})"
-        ) from None
-    try:
-        dialect.import_dbapi()
-    except ImportError as exc:
-        raise ConfigError(
-            key, f"{scheme}://: its driver is not installed ({exc.name or exc})"
-        ) from None
-    return url
-
-
-def _importable(module: str) -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec(module) is not None

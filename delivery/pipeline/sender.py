@@ -27,10 +27,10 @@ from typing import Any
 
 from sqlalchemy import Row, select, update
 
-from delivery.guards.breaker import Permit
+from delivery.guards.breaker import Permit, Verdict
 from delivery.observability.events import Transition, emit
 from delivery.pipeline.models import messages_table, utcnow
-from delivery.pipeline.outcomes import Absent
+from delivery.pipeline.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.settle import after_lookup, after_send
 from delivery.pipeline.status import Status
@@ -46,6 +46,7 @@ __all__ = [
     "RATE_LIMITED",
     "Action",
     "Result",
+    "breaker_verdict",
     "deliver",
 ]
 
@@ -141,14 +142,30 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
         started = time.perf_counter()
         found = calls.lookup(provider, envelope)
         if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
-            breaker.record(permit, found.kind)
+            breaker.record(permit, breaker_verdict(found))
         lookup_result = after_lookup(service, msg, found, started)
         if lookup_result is not None:
             return lookup_result
     started = time.perf_counter()
     outcome = calls.send(provider, envelope)
-    breaker.record(permit, outcome.kind)
+    breaker.record(permit, breaker_verdict(outcome))
     return after_send(service, msg, outcome, started)
+
+
+def breaker_verdict(outcome: Outcome | LookupOutcome) -> Verdict:
+    """What one outcome says about the provider's health (``delivery.guards.breaker``):
+    unknown (no answer after the request was written) and retryable answers are failures,
+    except a 409 ``IDEMPOTENCY_IN_PROGRESS`` (the provider is up, busy with our earlier
+    attempt); a delivery or a lookup that answered (found, absent, or found undeliverable)
+    is a success; a permanent answer (4xx) and a failed lookup are neutral."""
+    if isinstance(outcome, Unknown):
+        return Verdict.FAILURE
+    if isinstance(outcome, Retryable):
+        in_progress = outcome.code == "IDEMPOTENCY_IN_PROGRESS"
+        return Verdict.NEUTRAL if in_progress else Verdict.FAILURE
+    if outcome.kind in ("delivered", "found", "absent", "undeliverable"):
+        return Verdict.SUCCESS
+    return Verdict.NEUTRAL
 
 
 @dataclass(frozen=True, slots=True)
