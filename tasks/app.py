@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import worker_init, worker_process_init
 from kombu.entity import Queue
 
+from delivery.errors import ConfigError
+from delivery.providers.secrets import check_secrets
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
 
 __all__ = ["BULK", "QUEUE", "QUEUES", "URGENT", "DeliveryCelery", "app", "service"]
+
+log = logging.getLogger("delivery.worker")
 
 QUEUE = "delivery"
 URGENT = "delivery.urgent"
@@ -92,3 +97,14 @@ def _fresh_after_fork(**_: Any) -> None:
         if _service is not None:
             _service.engine.dispose(close=False)
         _service = None
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _check_providers(**_: Any) -> None:
+    """A worker does not start without every provider's secrets: a missing one would kill
+    every message at send time. Exits with the dotted key and variable name (never a value)."""
+    try:
+        check_secrets(get_settings())
+    except ConfigError as exc:
+        log.critical("worker not started: %s", exc)
+        raise SystemExit(f"delivery worker not started: {exc}") from None

@@ -137,14 +137,16 @@ MAPPING = [
         "20429",
         7.0,
     ),
-    (twilio_error(20500, "Internal Server Error", 500), Retryable, "20500", None),
+    # 500/502/504 came after the request was written: the SMS may exist (unknown -> lookup).
+    (twilio_error(20500, "Internal Server Error", 500), Unknown, "20500", None),
     (twilio_error(20503, "Service Unavailable", 503), Retryable, "20503", None),
     (
         Reply(502, body="<html>Bad Gateway</html>", content_type="text/html"),
-        Retryable,
+        Unknown,
         "HTTP_502",
         None,
     ),
+    (Reply(504, body="Gateway Timeout", content_type="text/plain"), Unknown, "HTTP_504", None),
     (Reply(201, {"status": "queued"}), Unknown, "NO_PROVIDER_REF", None),
 ]
 
@@ -153,8 +155,8 @@ MAPPING = [
 def test_outcome_mapping(
     stub: TwilioStub, answer: Reply, kind: type, code: str, retry_after: float | None
 ) -> None:
-    """Each recorded Twilio answer maps to its outcome: permanent codes dead, 429/5xx retry
-    (Retry-After honoured), a 2xx without a sid unknown."""
+    """Each recorded Twilio answer maps to its outcome: permanent codes dead, 429/503 retry
+    (Retry-After honoured), 500/502/504 and a 2xx without a sid unknown."""
     stub.push(answer)
     provider = twilio(stub)
     outcome = provider.send(sms())

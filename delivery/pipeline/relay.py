@@ -27,6 +27,7 @@ from sqlalchemy import (
 )
 
 from delivery.observability.events import Transition, emit
+from delivery.pipeline.clock import db_now
 from delivery.pipeline.models import messages_table, utcnow
 from delivery.pipeline.status import Status
 
@@ -73,8 +74,9 @@ def claim(
     ids: Sequence[int] | None = None,
     now: dt.datetime | None = None,
 ) -> list[Claim]:
-    """Mark up to ``limit`` due pending rows (optionally only ``ids``) dispatched; return them."""
-    now = now or utcnow()
+    """Mark up to ``limit`` due pending rows (optionally only ``ids``) dispatched; return them.
+    ``now`` (default: the database's clock) decides what is due and starts the lease."""
+    now = now or db_now(connection)
     picked = _due(limit, ids, now).scalar_subquery()
     if connection.dialect.name == "postgresql":
         # ``= ANY(ARRAY(...))``: the picked ids are read first, then updated by primary key,
@@ -133,7 +135,8 @@ def relay_once(
     """Claim and publish due rows in batches until none are left; return how many.
 
     Each batch is claimed and committed in its own transaction, then published. ``now``
-    (default: the clock at each batch) decides what is due.
+    (default: the database's clock at each batch, one clock for every host) decides what is
+    due.
     """
     total = 0
     for _ in range(max_batches):
@@ -144,7 +147,7 @@ def relay_once(
             # left that nobody holds.
             left = (
                 bool(claims)
-                or connection.execute(_due(1, ids, now or utcnow())).first() is not None
+                or connection.execute(_due(1, ids, now or db_now(connection))).first() is not None
             )
         if not left:
             break

@@ -10,7 +10,9 @@ Wire contract:
   pages (``PageSize``, ``next_page_uri``).
 
 Outcomes (``classify``): a code in ``PERMANENT_CODES`` is ``Permanent`` whatever the status; a
-code in ``RETRYABLE_CODES``, 408, 429 and 5xx (not 501) are ``Retryable`` (``Retry-After``
+code in ``RETRYABLE_CODES`` is ``Retryable``; 500, 502 and 504 (``WRITTEN_STATUS``: the request
+was written and Twilio may have created the message) are ``Unknown``, so the channel's policy
+(``lookup`` by default) decides; 408, 429 and other 5xx (not 501) are ``Retryable`` (``Retry-After``
 honoured); any other 4xx is ``Permanent``; 2xx with a ``sid`` is ``Delivered``. The error code
 is recorded as the message's code (``delivery dead --code 21211``).
 
@@ -66,7 +68,7 @@ from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
 
-__all__ = ["PERMANENT_CODES", "RETRYABLE_CODES", "TwilioProvider", "classify"]
+__all__ = ["PERMANENT_CODES", "RETRYABLE_CODES", "WRITTEN_STATUS", "TwilioProvider", "classify"]
 
 API_VERSION = "2010-04-01"
 PAGE_SIZE = 100
@@ -95,6 +97,10 @@ PERMANENT_CODES: Mapping[int, str] = {
     30006: "landline or unreachable carrier",
     30007: "message filtered by the carrier",
 }
+# Server errors after the request was written: Twilio may have created the message, so the
+# outcome is unknown (the channel's policy decides; ``lookup`` by default). 503 is not here:
+# it is answered before the request is acted on.
+WRITTEN_STATUS = frozenset({500, 502, 504})
 # Codes that ask us to come back, whatever the status says.
 RETRYABLE_CODES: Mapping[int, str] = {
     20429: "too many requests",
@@ -227,6 +233,9 @@ def classify(response: httpx.Response) -> outcomes.Outcome:
     )
     if code in PERMANENT_CODES:
         return outcomes.Permanent(name, reason, status)
+    if code not in RETRYABLE_CODES and status in WRITTEN_STATUS:
+        # The request reached Twilio and it failed while acting on it: the SMS may exist.
+        return outcomes.Unknown(name, reason, status)
     if code in RETRYABLE_CODES or status in (408, 429) or (status >= 500 and status != 501):
         return outcomes.Retryable(
             name, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
