@@ -89,10 +89,8 @@ def after_send(service: Service, msg: Sending, outcome: outcomes.Outcome, starte
                 return _sent(conn, msg, ref, "delivered")
             case outcomes.Permanent(code=code, reason=reason):
                 return _stop(conn, msg, Failure(code, reason, "permanent", Status.DEAD))
-            case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after) if (
-                in_progress(outcome)
-            ):
-                return _wait_in_progress(service, conn, msg, code, reason, retry_after)
+            case outcomes.Retryable() if in_progress(outcome):
+                return _wait_in_progress(service, conn, msg, outcome)
             case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after):
                 failure = Failure(code, reason, "retryable", Status.DEAD, retry_after)
                 return _retry_or_stop(service, conn, msg, failure)
@@ -149,20 +147,15 @@ def _retry_or_stop(service: Service, conn: Connection, msg: Sending, failure: Fa
 
 
 def _wait_in_progress(
-    service: Service,
-    conn: Connection,
-    msg: Sending,
-    code: str,
-    reason: str,
-    retry_after: float | None,
+    service: Service, conn: Connection, msg: Sending, outcome: outcomes.Retryable
 ) -> Result:
     """Our own earlier attempt is still running at the provider (409 in progress): wait it out
     (Retry-After, else the provider's own budget, else backoff) and ask again with the same
     key. The attempt is given back (``max_attempts`` + 1), so this never ends ``dead``."""
-    wait = retry_after if retry_after is not None else msg.in_progress_wait
+    wait = outcome.retry_after if outcome.retry_after is not None else msg.in_progress_wait
     if wait is None:
         wait = compute_backoff(msg.attempt, msg.backoff, None, service.rng)
-    failure = Failure(code, reason, "in_progress", Status.DEAD, wait)
+    failure = Failure(outcome.code, outcome.reason, "in_progress", Status.DEAD, wait)
     return _park(service, conn, msg, wait, failure, max_attempts=msg.max_attempts + 1)
 
 
@@ -174,7 +167,7 @@ def _park(
     failure: Failure,
     **values: object,
 ) -> Result:
-    status = park(conn, msg, delay, service.settings, failure, db_now(conn), **values)
+    status = park(conn, msg, delay, service.settings, failure, now=db_now(conn), **values)
     if status is None:
         return _CHANGED
     _emit(msg, status, failure.outcome, failure.code, round(delay, 3))

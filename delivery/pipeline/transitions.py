@@ -156,6 +156,7 @@ def park(
     delay: float,
     settings: Settings,
     failure: Failure,
+    *,
     now: dt.datetime,
     **values: object,
 ) -> Status | None:
