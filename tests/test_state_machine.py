@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -329,7 +329,7 @@ class OutboxMachine(RuleBasedStateMachine):
             self.fence[r.key] = r.attempts
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(600)
 def test_outbox_state_machine(fence_engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """Any interleaving of enqueue, relay, worker attempts (every answer class, crashes,
     late answers), time, sweeper and ops commands keeps the outbox's invariants."""
@@ -340,6 +340,9 @@ def test_outbox_state_machine(fence_engine: Engine, monkeypatch: pytest.MonkeyPa
         # Bounded for CI (well under 2 minutes); DELIVERY_SM_EXAMPLES=500 explores deeper.
         max_examples=int(os.environ.get("DELIVERY_SM_EXAMPLES", "40")),
         stateful_step_count=40,
+        # A failing run is reported with all its steps; DELIVERY_SM_SHRINK=1 shrinks it first
+        # (which replays it hundreds of times: minutes).
+        phases=[p for p in Phase if p is not Phase.shrink or os.environ.get("DELIVERY_SM_SHRINK")],
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
