@@ -12,6 +12,12 @@ breaker's next probe time plus up to ``CIRCUIT_JITTER`` s, with code ``CIRCUIT_O
 attempt spent. The call's outcome is then recorded in the breaker, and applied to the row by
 ``delivery.pipeline.settle``. The answer to the task is a ``Result`` whose ``action`` is one
 of the closed set ``Action`` (``delivery.pipeline.transitions``).
+
+Due times and leases are compared and written on the database's clock
+(``delivery.pipeline.clock``). A message whose provider is no longer configured ends ``dead``
+with ``PROVIDER_NOT_CONFIGURED`` without a call. A message flagged ``needs_lookup`` is looked
+up first only if its provider has a lookup (``supports_lookup``); otherwise it is sent again
+with the same key.
 """
 
 from __future__ import annotations
