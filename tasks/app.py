@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger, worker_process_init
+from celery.signals import after_setup_logger, worker_init, worker_process_init
 from kombu.entity import Queue
 
+from delivery.errors import ConfigError
+from delivery.providers.secrets import check_secrets
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
 
@@ -25,6 +27,8 @@ __all__ = [
     "quiet_http_loggers",
     "service",
 ]
+
+log = logging.getLogger("delivery.worker")
 
 QUEUE = "delivery"
 URGENT = "delivery.urgent"
@@ -118,3 +122,14 @@ def quiet_http_loggers(**_: Any) -> None:
         logger = logging.getLogger(name)
         if logger.level == logging.NOTSET:
             logger.setLevel(logging.WARNING)
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _check_providers(**_: Any) -> None:
+    """A worker does not start without every provider's secrets: a missing one would kill
+    every message at send time. Exits with the dotted key and variable name (never a value)."""
+    try:
+        check_secrets(get_settings())
+    except ConfigError as exc:
+        log.critical("worker not started: %s", exc)
+        raise SystemExit(f"delivery worker not started: {exc}") from None

@@ -160,14 +160,16 @@ HTTP_ROWS = [
         "20429",
         7.0,
     ),
-    (twilio_error(20500, "Internal Server Error", 500), Retryable, "20500", None),
+    # 500/502/504 came after the request was written: the SMS may exist (unknown -> lookup).
+    (twilio_error(20500, "Internal Server Error", 500), Unknown, "20500", None),
     (twilio_error(20503, "Service Unavailable", 503), Retryable, "20503", None),
     (
         Reply(502, body="<html>Bad Gateway</html>", content_type="text/html"),
-        Retryable,
+        Unknown,
         "HTTP_502",
         None,
     ),
+    (Reply(504, body="Gateway Timeout", content_type="text/plain"), Unknown, "HTTP_504", None),
     (Reply(408, body="timeout"), Retryable, "HTTP_408", None),
     (twilio_error(21999, "Some other invalid parameter"), Permanent, "21999", None),
     (twilio_error(30005, "Unknown destination handset"), Permanent, "30005", None),
@@ -179,9 +181,10 @@ HTTP_ROWS = [
 def test_outcome_by_http_status(
     stub: TwilioStub, answer: Reply, kind: type, code: str, retry_after: float | None
 ) -> None:
-    """Answers outside the code tables go by HTTP status: 408/429/5xx retry (Retry-After
-    honoured), another 4xx is permanent with its code (a 30xxx the create call should never
-    answer included), a 2xx without a sid is unknown."""
+    """Answers outside the code tables go by HTTP status: 408/429/503 retry (Retry-After
+    honoured), 500/502/504 are unknown (written: the SMS may exist), another 4xx is
+    permanent with its code (a 30xxx the create call should never answer included), a 2xx
+    without a sid is unknown."""
     stub.push(answer)
     provider = twilio(stub)
     outcome = provider.send(sms())

@@ -29,6 +29,7 @@ from sqlalchemy import (
 
 from delivery.config.settings import PRIORITIES
 from delivery.observability.events import Transition, emit
+from delivery.pipeline.clock import db_now
 from delivery.pipeline.models import messages_table, utcnow
 from delivery.pipeline.status import Status
 
@@ -85,8 +86,9 @@ def claim(
     priorities: Sequence[str] | None = None,
 ) -> list[Claim]:
     """Mark up to ``limit`` due pending rows (optionally only ``ids``, only of
-    ``priorities``) dispatched; return them."""
-    now = now or utcnow()
+    ``priorities``) dispatched; return them. ``now`` (default: the database's clock) decides
+    what is due and starts the lease."""
+    now = now or db_now(connection)
     picked = _due(limit, ids, now, priorities).scalar_subquery()
     if connection.dialect.name == "postgresql":
         # ``= ANY(ARRAY(...))``: the picked ids are read first, then updated by primary key,
@@ -146,9 +148,10 @@ def relay_once(
     """Claim and publish due rows in batches until none are left; return how many.
 
     Each batch is claimed and committed in its own transaction, then published. ``now``
-    (default: the clock at each batch) decides what is due. ``rooms`` (back-pressure,
-    ``delivery.pipeline.backpressure``) caps how many rows of each priority this pass may
-    publish; a priority it does not name, or names with ``None``, is not capped.
+    (default: the database's clock at each batch, one clock for every host) decides what is
+    due. ``rooms`` (back-pressure, ``delivery.pipeline.backpressure``) caps how many rows of
+    each priority this pass may publish; a priority it does not name, or names with ``None``,
+    is not capped.
     """
     one = _Pass(engine, publish, batch, lease, ids, max_batches, now)
     capped = {p: r for p, r in (rooms or {}).items() if r is not None}
@@ -199,7 +202,8 @@ def _relay_group(one: _Pass, priorities: Sequence[str] | None, room: int | None)
             # left that nobody holds.
             left = (
                 bool(claims)
-                or connection.execute(_due(1, ids, now or utcnow(), priorities)).first() is not None
+                or connection.execute(_due(1, ids, now or db_now(connection), priorities)).first()
+                is not None
             )
         if not left:
             break

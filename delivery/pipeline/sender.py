@@ -16,6 +16,12 @@ or stray value becomes an outcome, bounded and with the recipient masked); the o
 then recorded in the breaker, and applied to the row by ``delivery.pipeline.settle``. The
 answer to the task is a ``Result`` whose ``action`` is one of the closed set ``Action``
 (``delivery.pipeline.transitions``).
+
+Due times and leases are compared and written on the database's clock
+(``delivery.pipeline.clock``). A message whose provider is no longer configured ends ``dead``
+with ``PROVIDER_NOT_CONFIGURED`` without a call. A message flagged ``needs_lookup`` is looked
+up first only if its provider has a lookup (``supports_lookup``); otherwise it is sent again
+with the same key.
 """
 
 from __future__ import annotations
@@ -29,7 +35,8 @@ from sqlalchemy import Row, select, update
 
 from delivery.guards.breaker import Permit, Verdict
 from delivery.observability.events import Transition, emit
-from delivery.pipeline.models import messages_table, utcnow
+from delivery.pipeline.clock import db_now
+from delivery.pipeline.models import messages_table
 from delivery.pipeline.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.settle import after_lookup, after_send
@@ -43,6 +50,7 @@ __all__ = [
     "CIRCUIT_JITTER",
     "CIRCUIT_OPEN",
     "EXPIRED",
+    "PROVIDER_NOT_CONFIGURED",
     "RATE_LIMITED",
     "Action",
     "Result",
@@ -52,6 +60,7 @@ __all__ = [
 
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
 EXPIRED = "EXPIRED"
+PROVIDER_NOT_CONFIGURED = "PROVIDER_NOT_CONFIGURED"
 RATE_LIMITED = "RATE_LIMITED"
 CIRCUIT_JITTER = 1.0
 
@@ -82,13 +91,15 @@ _ROW = select(*(messages_table.c[name] for name in _COLUMNS))
 def deliver(service: Service, message_id: int, key: str) -> Result:
     """Make one attempt at message ``message_id`` (if it is still ``key``'s and due) and
     say what its task does next (``Result.action``, one of ``Action``)."""
-    now = utcnow()
     with service.engine.connect() as conn:
         row = conn.execute(_ROW.where(messages_table.c.id == message_id)).one_or_none()
+        now = db_now(conn)
     if row is None or row.key != key:
         return Result(Action.SKIP, reason="no such message")
     if row.status != Status.DISPATCHED:
         return Result(Action.SKIP, status=row.status, reason=f"message is {row.status}")
+    if row.provider not in service.settings.providers:
+        return _not_configured(service, row)
     early = (row.next_attempt_at - now).total_seconds()
     if early > 0:
         # A duplicate task, or a countdown that fired early: never send before the due time.
@@ -100,12 +111,12 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
     limiter = service.limiter(row.provider)
     wait = limiter.acquire() if limiter is not None else 0.0
     if wait > 0:
-        return _rate_limited(service, row, wait)
+        return _rate_limited(service, row, wait, now)
 
     breaker = service.breaker(row.provider)
     permit = breaker.allow()
     if not permit.allowed:
-        return _circuit_open(service, row, permit)
+        return _circuit_open(service, row, permit, now)
 
     attempt = row.attempts + 1
     with service.engine.begin() as conn:
@@ -137,8 +148,10 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
         UnknownPolicy(row.on_unknown),
         kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
         row.created_at,
+        getattr(provider, "in_progress_wait", None),
     )
-    if row.needs_lookup:
+    # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
+    if row.needs_lookup and getattr(provider, "supports_lookup", True):
         started = time.perf_counter()
         found = calls.lookup(provider, envelope)
         if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
@@ -219,13 +232,23 @@ def _expire(service: Service, row: Row[Any]) -> Result:
     return Result(Action.DONE, Status.EXPIRED, code=EXPIRED)
 
 
-def _rate_limited(service: Service, row: Row[Any], wait: float) -> Result:
+def _not_configured(service: Service, row: Row[Any]) -> Result:
+    """A message whose provider is no longer configured can never be sent: it ends ``dead``
+    with ``PROVIDER_NOT_CONFIGURED`` (redrive it once the provider is back) instead of
+    cycling between ``dispatched`` and ``pending``."""
+    reason = f"provider {row.provider!r} is not configured (DELIVERY_CONFIG [providers])"
+    leave = _Leave(Status.DEAD, "permanent", PROVIDER_NOT_CONFIGURED, reason)
+    if not _leave_dispatched(service, row, leave):
+        return Result(Action.SKIP, reason="taken by another worker")
+    return Result(Action.DONE, Status.DEAD, code=PROVIDER_NOT_CONFIGURED, reason=reason)
+
+
+def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime) -> Result:
     """Over the provider's rate: come back when a token is there (plus a little jitter so
     that waiting workers do not all return at once). The row stays ``dispatched``; only its
     lease is extended when the wait would outlast it."""
     message_id, provider, lease = row.id, row.provider, row.lease_expires_at
     delay = wait + service.rng.uniform(0.0, min(wait, 1.0))
-    now = utcnow()
     if lease is not None and lease < now + dt.timedelta(seconds=delay + 5.0):
         with service.engine.begin() as conn:
             conn.execute(
@@ -243,11 +266,10 @@ def _rate_limited(service: Service, row: Row[Any], wait: float) -> Result:
     )
 
 
-def _circuit_open(service: Service, row: Row[Any], permit: Permit) -> Result:
+def _circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.datetime) -> Result:
     """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
     without spending an attempt."""
     provider = row.provider
-    now = utcnow()
     wait = max(0.0, (permit.retry_at or 0.0) - time.time())
     wait += service.rng.uniform(0.0, CIRCUIT_JITTER)
     due = now + dt.timedelta(seconds=wait)

@@ -23,7 +23,8 @@ answer                 outcome     why
 ``PERMANENT_CODES``    Permanent   20003 auth, 21211 invalid To, 21408 region, 21606 From
                                    not SMS-capable, 21610 unsubscribed (STOP), 21614 not
                                    a mobile number, ... (the table below)
-408, 429, 5xx but 501  Retryable   ``Retry-After`` honoured
+500, 502, 504          Unknown     written, Twilio may have created it (``WRITTEN_STATUS``)
+408, 429, 503, 5xx     Retryable   ``Retry-After`` honoured (501 is Permanent)
 other 4xx              Permanent   the code is kept (``delivery dead --code 21999``)
 =====================  ==========  =====================================================
 

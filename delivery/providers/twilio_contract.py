@@ -37,6 +37,7 @@ __all__ = [
     "RESEND_CODES",
     "RETRYABLE_CODES",
     "UNDELIVERABLE_CODES",
+    "WRITTEN_STATUS",
     "classify",
     "judge",
     "matches_ours",
@@ -62,6 +63,10 @@ PERMANENT_CODES: Mapping[int, str] = {
     21614: "'To' number is not a valid mobile number",
     21617: "the message body exceeds the 1600 character limit",
 }
+# Server errors after the request was written: Twilio may have created the message, so the
+# outcome is unknown (the channel's policy decides; ``lookup`` by default). 503 is not here:
+# it is answered before the request is acted on.
+WRITTEN_STATUS = frozenset({500, 502, 504})
 # Codes of the create call that ask us to come back, whatever the HTTP status says.
 RETRYABLE_CODES: Mapping[int, str] = {
     20429: "too many requests",
@@ -120,6 +125,9 @@ def classify(response: httpx.Response) -> Outcome:
     )
     if code in PERMANENT_CODES:
         return Permanent(name, reason, status)
+    if code not in RETRYABLE_CODES and status in WRITTEN_STATUS:
+        # The request reached Twilio and it failed while acting on it: the SMS may exist.
+        return Unknown(name, reason, status)
     if code in RETRYABLE_CODES or status in (408, 429) or (status >= 500 and status != 501):
         return Retryable(
             name, reason, status, parse_retry_after(response.headers.get("retry-after"))
