@@ -326,7 +326,7 @@ def environment(engine: Any = None) -> dict[str, Any]:
 
     env: dict[str, Any] = {
         "python": platform.python_version(),
-        "delivery": _version("delivery"),
+        "delivery": _version("delivery-outbox"),
         **{name: _version(name) for name in ("celery", "kombu", "redis", "httpx", "sqlalchemy")},
         "psycopg": _version("psycopg"),
         "cpus": os.cpu_count(),
@@ -511,3 +511,36 @@ class CpuMeter:
             name: sum(last - self._first[name].get(pid, 0.0) for pid, last in seen.items())
             for name, seen in self._last.items()
         }
+
+
+# ---------------------------------------------------------------------------------------------
+# bench/RELIABILITY.md's hardening table
+
+HARDENING = "## Hardening"
+
+
+def reliability_row(point: str, figures: str, baseline: str, bench: str) -> None:
+    """Put one row (keyed by ``point``) in the table under ``## Hardening`` at the end of
+    ``bench/RELIABILITY.md``, creating the section if needed; ``bench.chaos`` keeps it when
+    it rewrites the rest of the document."""
+    path = ROOT / "bench" / "RELIABILITY.md"
+    text = path.read_text() if path.exists() else ""
+    head, _, section = text.partition(HARDENING)
+    lines = section.strip("\n").splitlines() if section else []
+    if len(lines) < 4:
+        lines = [
+            "Each row: a hardening point measured next to its baseline in the same run, with "
+            "the load average (`/proc/loadavg`, 1/5/15 min, before -> after the run).",
+            "",
+            "| point | figures | baseline (same run) | run (UTC) | by |",
+            "|---|---|---|---|---|",
+        ]
+    when = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M")
+
+    def cell(value: str) -> str:
+        return value.replace("|", "\\|").replace("\n", " ")
+
+    new = f"| {cell(point)} | {cell(figures)} | {cell(baseline)} | {when} | `{bench}` |"
+    kept = [line for line in lines if not line.startswith(f"| {cell(point)} |")]
+    body = "\n".join([*kept, new])
+    path.write_text(f"{head.rstrip()}\n\n{HARDENING}\n\n{body}\n")

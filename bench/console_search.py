@@ -1,5 +1,5 @@
 """The ops console on a large outbox: each message-search page and the overview's chart
-queries on 1,000,000 rows, with the console's indexes (migration 0003) and, in the same run,
+queries on 1,000,000 rows, with the console's indexes (migration 0004_audit) and, in the same run,
 without them (the baseline: the schema of 0002, where a filtered page reads the table).
 
 Rows are bulk-loaded with ``generate_series`` (statuses, providers, codes and types mixed as
@@ -113,7 +113,7 @@ def main(argv: list[str] | None = None) -> int:
             "<= 50 ms",
             indexed[name] <= 50.0,
             f"{indexed[name]:.1f} ms",
-            f"{baseline[name]:.1f} ms without the 0003 indexes",
+            f"{baseline[name]:.1f} ms without the 0004_audit indexes",
         )
         for name in indexed
     ]
@@ -141,13 +141,13 @@ def render_section(figures: dict[str, Any]) -> str:
         "",
         f"Message search and chart queries of `delivery console` on {figures['rows']:,} outbox "
         "rows (PostgreSQL), median of "
-        f"{figures['repeat']} runs each, with the console's indexes (migration 0003) and, in "
+        f"{figures['repeat']} runs each, with the console's indexes (migration 0004_audit) and, in "
         "the same run, without them; load average "
         f"{figures['loadavg']} before, {figures['loadavg_after']} after "
         "(`python -m bench.console_search`; the plans are checked by "
         "`tests/test_console_plan.py`).",
         "",
-        "| query | with the 0003 indexes (ms) | without (ms) |",
+        "| query | with the 0004_audit indexes (ms) | without (ms) |",
         "|---|---:|---:|",
     ]
     for name, ms in figures["indexed_ms"].items():

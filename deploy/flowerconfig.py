@@ -4,10 +4,13 @@ Flower executes this file as Python (tornado's ``parse_config_file``); every nam
 a Flower option. Secrets come from the environment only, never from this file:
 
 - ``FLOWER_BASIC_AUTH``: ``user:password`` (several separated by commas). Required: this
-  config refuses to serve an unauthenticated dashboard, which could revoke or retry tasks.
+  config refuses to serve an unauthenticated dashboard, which could revoke or retry tasks,
+  and refuses a password under 12 characters, equal to its user name, or a placeholder
+  (``change-me``, ``password``, ``secret``, ...). ``python deploy/make_env.py DIR`` writes one.
 - ``FLOWER_DB``: the file where Flower keeps its task history across restarts
   (default ``flower.db`` in the working directory; point it at a volume).
-- ``FLOWER_PORT`` / ``FLOWER_ADDRESS``: where to listen (default ``5555`` on all addresses).
+- ``FLOWER_PORT`` / ``FLOWER_ADDRESS``: where to listen (default ``5555`` on all addresses of
+  the container; docker-compose.yml publishes it on the host's 127.0.0.1 only).
 
 Flower keeps tasks in memory (``max_tasks``), so it is the live view; the outbox
 (``delivery show KEY``) stays the record. Task ids are message keys, so the search box finds
@@ -18,12 +21,33 @@ Command-line options still win over this file (``--port=5556``).
 import os
 from pathlib import Path
 
+MIN_PASSWORD = 12
+PLACEHOLDERS = ("change-me", "changeme", "change_me", "password", "secret", "example", "admin")
+
+
+def password_problem(credential: str) -> str | None:
+    """Why one ``user:password`` must not guard the dashboard, or None (names neither)."""
+    user, sep, password = credential.partition(":")
+    if not sep or not user or not password:
+        return "is not user:password"
+    if len(password) < MIN_PASSWORD:
+        return f"the password is shorter than {MIN_PASSWORD} characters"
+    lowered = password.lower()
+    if lowered == user.lower() or any(word in lowered for word in PLACEHOLDERS):
+        return "the password is a placeholder or the user name; choose a real one"
+    return None
+
+
 _credentials = [c.strip() for c in os.environ.get("FLOWER_BASIC_AUTH", "").split(",") if c.strip()]
-if not _credentials or not all(":" in c for c in _credentials):
+if not _credentials:
     raise SystemExit(
         "deploy/flowerconfig.py: set FLOWER_BASIC_AUTH to user:password "
         "(several separated by commas); Flower will not run without authentication"
     )
+for _n, _credential in enumerate(_credentials, start=1):
+    _problem = password_problem(_credential)
+    if _problem is not None:
+        raise SystemExit(f"deploy/flowerconfig.py: FLOWER_BASIC_AUTH, entry {_n}: {_problem}")
 
 basic_auth = _credentials
 port = int(os.environ.get("FLOWER_PORT", "5555"))

@@ -6,6 +6,7 @@ environment when Celery first reads its configuration (``DELIVERY_*``, see deliv
 
 from __future__ import annotations
 
+from tasks import leases as _leases  # noqa: F401  (the worker's lease keeper)
 from tasks import metrics as _metrics  # noqa: F401  (worker metrics hooks)
 from tasks.app import app
 from tasks.deliver import DeadLettered, deliver, publish

@@ -2,18 +2,33 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import worker_process_init
+from celery.signals import after_setup_logger, worker_init, worker_process_init
 from kombu.entity import Queue
 
+from delivery.errors import ConfigError
+from delivery.providers.secrets import check_secrets
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
 
-__all__ = ["BULK", "QUEUE", "QUEUES", "URGENT", "DeliveryCelery", "app", "service"]
+__all__ = [
+    "BULK",
+    "QUEUE",
+    "QUEUES",
+    "QUIET_LOGGERS",
+    "URGENT",
+    "DeliveryCelery",
+    "app",
+    "quiet_http_loggers",
+    "service",
+]
+
+log = logging.getLogger("delivery.worker")
 
 QUEUE = "delivery"
 URGENT = "delivery.urgent"
@@ -69,7 +84,7 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
         self.conf.update(conf)
 
 
-app = DeliveryCelery("delivery", include=["tasks.deliver", "tasks.schedule"])
+app = DeliveryCelery("delivery", include=["tasks.deliver", "tasks.schedule", "tasks.leases"])
 
 _lock = threading.Lock()
 _service: Service | None = None
@@ -92,3 +107,29 @@ def _fresh_after_fork(**_: Any) -> None:
         if _service is not None:
             _service.engine.dispose(close=False)
         _service = None
+
+
+#: Loggers whose INFO lines carry request URLs (a webhook's URL is its recipient, a lookup's
+#: query string names the key or the number): WARNING in worker and beat unless configured.
+QUIET_LOGGERS = ("httpx", "httpcore")
+
+
+@after_setup_logger.connect  # type: ignore[untyped-decorator]
+def quiet_http_loggers(**_: Any) -> None:
+    """httpx's ``HTTP Request: POST https://...`` lines stay out of the worker log (G6); a
+    level you set on these loggers yourself is left as it is."""
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _check_providers(**_: Any) -> None:
+    """A worker does not start without every provider's secrets: a missing one would kill
+    every message at send time. Exits with the dotted key and variable name (never a value)."""
+    try:
+        check_secrets(get_settings())
+    except ConfigError as exc:
+        log.critical("worker not started: %s", exc)
+        raise SystemExit(f"delivery worker not started: {exc}") from None

@@ -21,12 +21,15 @@ from __future__ import annotations
 import contextlib
 import datetime as dt
 import logging
+import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, NamedTuple
 
 from celery import Task
 from celery.exceptions import Ignore
 
+from delivery.errors import ConfigError
 from delivery.pipeline import outbox
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sender import Action
@@ -43,7 +46,8 @@ _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
 
 class DeadLettered(Exception):
     """Raised by the task when its message ends ``dead`` or ``unknown`` so that Flower shows it
-    as a failed task; the outbox row holds the full story (``delivery show KEY``)."""
+    as a failed task. It names the error code, the message id and key, never the provider's
+    text; the outbox row holds the full story (``delivery show KEY``)."""
 
 
 log = logging.getLogger("delivery.tasks")
@@ -84,10 +88,11 @@ def deliver(self: Task, message_id: int, key: str) -> str:
         raise Ignore()  # acknowledged; no success event, so Flower keeps PARKED
     if result.action is Action.DONE and result.status in _NOT_DELIVERED:
         _announce(self, "dead-lettered", f"{result.status}: {result.code}")
+        # The code, the id and the key only: this text reaches the worker log, the broker's
+        # task-failed event and Flower, so never the provider's reason (G6).
         raise DeadLettered(
-            f"{result.code}: {result.reason} -> message {message_id} is "
-            f"{_NOT_DELIVERED[result.status]}; delivery show {key!r}, delivery redrive to "
-            "send it again"
+            f"{result.code}: message {message_id} is {_NOT_DELIVERED[result.status]}; "
+            f"delivery show {key!r}, delivery redrive to send it again"
         )
     if result.action is Action.SKIP:
         return f"skipped: {result.reason}"
@@ -179,4 +184,17 @@ def _nudge(engine: Any, ids: list[int]) -> None:
     )
 
 
+# Read the settings now, at start-up: a half-configured process (a database URL but no broker,
+# say) fails here with a ConfigError naming the missing variable, not at its first commit,
+# whose nudge would only log it. Worker and beat import this module too.
+def _check_settings() -> None:
+    try:
+        get_settings()
+    except ConfigError as exc:
+        if Path(sys.argv[0]).name in ("celery", "__main__.py") and "celery" in sys.argv[0]:
+            raise SystemExit(f"delivery: {exc}") from None  # the celery command: one line
+        raise
+
+
+_check_settings()
 outbox.set_nudge(_nudge)

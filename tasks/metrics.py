@@ -11,7 +11,9 @@ default ``127.0.0.1``), read when the worker starts:
   and a child's files are marked dead when it exits. Wipe the folder when the worker
   (re)starts, e.g. in the container's entrypoint.
 
-The relay batch size is observed by the relay itself (``tasks.schedule.relay_pass``).
+The relay runs in beat (``tasks.schedule``) and observes its batch sizes there; beat serves its
+own ``/metrics`` (relay batch sizes, the sweeper's transitions) when
+``DELIVERY_BEAT_METRICS_PORT`` is set (same address variable).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import logging
 import os
 from typing import Any
 
-from celery.signals import worker_init, worker_process_shutdown
+from celery.signals import beat_init, worker_init, worker_process_shutdown
 from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
 from delivery.guards.breaker import add_breaker_hook
@@ -49,6 +51,16 @@ def _serve(**_: Any) -> None:
     served = multiprocess_registry() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else registry
     start_http_server(int(port), addr=addr, registry=served)
     log.info("serving worker metrics on http://%s:%s/metrics", addr, port)
+
+
+@beat_init.connect  # type: ignore[untyped-decorator]
+def _serve_beat(**_: Any) -> None:
+    """Serve beat's /metrics when DELIVERY_BEAT_METRICS_PORT is set."""
+    port = os.environ.get("DELIVERY_BEAT_METRICS_PORT")
+    if port:
+        addr = os.environ.get("DELIVERY_METRICS_ADDR", "127.0.0.1")
+        start_http_server(int(port), addr=addr, registry=registry)
+        log.info("serving beat metrics on http://%s:%s/metrics", addr, port)
 
 
 @worker_process_shutdown.connect  # type: ignore[untyped-decorator]

@@ -1,7 +1,8 @@
 """The relay and the sweeper, run by ``celery beat`` itself.
 
 ``celery -A tasks beat`` starts two threads in the beat process (``beat_init``): the relay
-(publish due rows, every ``relay_interval`` s) and the sweeper (expired leases and
+(publish due rows, every ``relay_interval`` s, as many as each broker queue has room for:
+``delivery.pipeline.backpressure``) and the sweeper (expired leases and
 time-to-live, every ``sweep_interval`` s). They talk to the database and publish to the
 broker directly, so they never wait for a free slot in a worker, never sit in a queue behind
 sends, never show in Flower, and never depend on a relay *task* reaching a worker: after the
@@ -15,34 +16,83 @@ traceback, repeats only once a minute.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict
 from typing import Any
 
 from celery.signals import beat_init
 
-from delivery.pipeline.relay import relay_once
+from delivery.pipeline.backpressure import Backpressure
+from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sweeper import sweep as sweep_once
-from tasks.app import app, service
+from tasks.app import QUEUES, app, service
 from tasks.deliver import publish
 from tasks.metrics import metrics
 
-__all__ = ["Loop", "relay", "relay_pass", "start_loops", "sweep", "sweep_pass"]
+__all__ = [
+    "FLOOR",
+    "Loop",
+    "queue_depths",
+    "relay",
+    "relay_pass",
+    "start_loops",
+    "sweep",
+    "sweep_pass",
+]
 
 log = logging.getLogger("delivery.beat")
 
 #: A failing loop repeats its error in the log at most this often (seconds).
 ERROR_EVERY = 60.0
+#: Back-pressure: a queue may always hold this many tasks (or relay_batch, if smaller).
+FLOOR = 100
+
+
+def queue_depths() -> dict[str, int | None]:
+    """Tasks waiting in each delivery queue, by priority, as the broker counts them (``None``
+    for a queue it did not say: that queue is then not limited)."""
+    depths: dict[str, int | None] = dict.fromkeys(QUEUES)
+    try:
+        with app.connection_for_write() as conn:
+            channel = conn.default_channel
+            for priority, queue in QUEUES.items():
+                with contextlib.suppress(Exception):
+                    declared = channel.queue_declare(queue=queue, passive=True)
+                    depths[priority] = int(declared.message_count)
+    except Exception as exc:  # the publish will say what is wrong with the broker
+        log.debug("queue depths unavailable: %s", exc)
+    return depths
+
+
+_pressure: Backpressure | None = None
 
 
 def relay_pass() -> int:
-    """One relay pass: claim and publish every due row; return how many."""
+    """One relay pass: claim and publish the due rows each queue has room for (back-pressure,
+    ``delivery.pipeline.backpressure``); return how many."""
+    global _pressure
     svc = service()
+    settings = svc.settings
+    if _pressure is None:
+        _pressure = Backpressure(settings.dispatch_lease, min(settings.relay_batch, FLOOR))
+    pressure = _pressure
+    rooms = pressure.rooms(queue_depths(), time.monotonic())
+
+    def counted(claims: Sequence[Claim]) -> None:
+        publish(claims)
+        for claim in claims:
+            pressure.published(claim.priority, 1)
+
     published = relay_once(
-        svc.engine, publish, batch=svc.settings.relay_batch, lease=svc.settings.dispatch_lease
+        svc.engine,
+        counted,
+        batch=settings.relay_batch,
+        lease=settings.dispatch_lease,
+        rooms=rooms,
     )
     metrics.observe_relay(published)
     return published

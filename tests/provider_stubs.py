@@ -14,10 +14,8 @@ delays (``delay``) or drops (``drop``: the connection closes with no answer) its
 from __future__ import annotations
 
 import base64
-import binascii
 import datetime as dt
 import email.utils
-import hmac
 import itertools
 import json
 import re
@@ -30,6 +28,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlencode, urlsplit
+
+from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 __all__ = ["PigeonStub", "Recorded", "Reply", "StubServer", "TwilioStub", "WebhookReceiver"]
 
@@ -192,6 +192,17 @@ def twilio_error(code: int, message: str, status: int = 400) -> Reply:
     )
 
 
+def _rfc2822(when: dt.datetime | None) -> str | None:
+    if when is None:
+        return None
+    return email.utils.format_datetime(when.astimezone(dt.UTC)).replace("-0000", "+0000")
+
+
+def _sent_at(message: Mapping[str, Any]) -> dt.datetime | None:
+    stamp = message.get("date_sent")
+    return email.utils.parsedate_to_datetime(stamp) if stamp else None
+
+
 class TwilioStub(StubServer):
     """Twilio's Messages API for one account: create (form, basic auth) and list (paged)."""
 
@@ -200,17 +211,33 @@ class TwilioStub(StubServer):
         self.account_sid, self.auth_token = account_sid, auth_token
         self.messages: list[dict[str, Any]] = []  # oldest first
         self.rules: dict[str, Reply] = {}  # To -> error answer
+        # To -> (status, error_code) that Twilio later reports on messages created to it
+        self.reports: dict[str, tuple[str, int | None]] = {}
         self.page_size_cap = page_size_cap
         self._path = f"/2010-04-01/Accounts/{account_sid}/Messages.json"
 
-    def add_message(self, to: str, body: str, created: dt.datetime, sender: str) -> dict[str, Any]:
-        """A message that exists already (sent by someone, some time ago)."""
-        return self._store(to, sender, body, created)
+    def add_message(
+        self,
+        to: str,
+        body: str,
+        created: dt.datetime,
+        sender: str,
+        *,
+        status: str = "queued",
+        error_code: int | None = None,
+        sent: dt.datetime | None = None,
+    ) -> dict[str, Any]:
+        """A message that exists already (sent by someone, some time ago), as Twilio reports
+        it now: ``status``, ``error_code`` and ``date_sent`` (``sent``; none while queued)."""
+        message = self._store(to, sender, body, created)
+        with self.lock:
+            message.update(status=status, error_code=error_code, date_sent=_rfc2822(sent))
+        return message
 
     def _store(self, to: str, sender: str, body: str, created: dt.datetime) -> dict[str, Any]:
         sid = "SM" + secrets.token_hex(16)
-        stamp = email.utils.format_datetime(created.astimezone(dt.UTC))
-        stamp = stamp.replace("-0000", "+0000")
+        stamp = _rfc2822(created)
+        status, error_code = self.reports.get(to, ("queued", None))
         message = {
             "account_sid": self.account_sid,
             "api_version": "2010-04-01",
@@ -219,7 +246,7 @@ class TwilioStub(StubServer):
             "date_sent": None,
             "date_updated": stamp,
             "direction": "outbound-api",
-            "error_code": None,
+            "error_code": error_code,
             "error_message": None,
             "from": sender,
             "messaging_service_sid": None,
@@ -228,7 +255,7 @@ class TwilioStub(StubServer):
             "price": None,
             "price_unit": "USD",
             "sid": sid,
-            "status": "queued",
+            "status": status,
             "subresource_uris": {"media": f"{self._path[:-5]}/{sid}/Media.json"},
             "to": to,
             "uri": f"{self._path[:-5]}/{sid}.json",
@@ -266,12 +293,14 @@ class TwilioStub(StubServer):
         q = {k: v[0] for k, v in request.query.items()}
         size = min(int(q.get("PageSize", 50)), self.page_size_cap)
         page = int(q.get("Page", 0))
-        with self.lock:
+        with self.lock:  # Twilio's order: by date_sent, newest first; unsent ones have none
             rows = [
                 m
                 for m in reversed(self.messages)
                 if m["to"] == q.get("To", m["to"]) and m["from"] == q.get("From", m["from"])
             ]
+        oldest = dt.datetime.min.replace(tzinfo=dt.UTC)  # unsent ones last, newest created first
+        rows.sort(key=lambda m: _sent_at(m) or oldest, reverse=True)
         chunk = rows[page * size : (page + 1) * size]
         keep = {k: q[k] for k in ("To", "From") if k in q}
         base = f"{self._path}?{urlencode({**keep, 'PageSize': size})}"
@@ -368,32 +397,14 @@ class PigeonStub(StubServer):
 # --- Standard Webhooks receiver ---------------------------------------------------------------
 
 
-def verify_standard_webhook(
-    secret: str, headers: Mapping[str, str], body: bytes, tolerance: float = 300.0
-) -> bool:
-    """The receiver's side of Standard Webhooks, written apart from ``delivery``'s signer."""
-    msg_id = headers.get("webhook-id")
-    stamp = headers.get("webhook-timestamp")
-    header = headers.get("webhook-signature")
-    if not (msg_id and stamp and header and stamp.isdigit()):
-        return False
-    if abs(time.time() - int(stamp)) > tolerance:
-        return False
+def verify_standard_webhook(secret: str, headers: Mapping[str, str], body: bytes) -> bool:
+    """The receiver's side of Standard Webhooks: the reference library's own ``verify``
+    (``standardwebhooks.Webhook``), written apart from ``delivery``'s signer."""
     try:
-        key = (
-            base64.b64decode(secret[len("whsec_") :])
-            if secret.startswith("whsec_")
-            else secret.encode()
-        )
-    except binascii.Error:
+        Webhook(secret).verify(body, dict(headers))
+    except WebhookVerificationError:
         return False
-    mac = hmac.new(key, msg_id.encode() + b"." + stamp.encode() + b"." + body, "sha256")
-    expected = base64.b64encode(mac.digest())
-    for candidate in header.split(" "):
-        version, _, signature = candidate.partition(",")
-        if version == "v1" and hmac.compare_digest(signature.encode(), expected):
-            return True
-    return False
+    return True
 
 
 _HOOK_PATH = re.compile(r"^/hooks/[\w.-]+$")

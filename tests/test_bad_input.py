@@ -181,9 +181,9 @@ class Ending:
 def provider_answers(cluster: Cluster) -> list[Ending]:
     """Send one message per canned answer under policies ``retry`` (two attempts) and
     ``give_up``, end to end through a real worker on the private ``cluster``; return how each
-    one ended. (Its circuit breaker is out of reach: these answers count as failures, and an
-    open breaker would only delay the endings.)"""
-    config = ChaosConfig(breaker_threshold=1_000_000)
+    one ended. (Its circuit breaker is off: every one of these answers is a failure, ten in a
+    row open it, and an open breaker would only delay the endings.)"""
+    config = ChaosConfig(breaker_enabled=False)
     with cluster.pipeline("provider-answers", "redis", config) as (_pipe, settings):
         cluster.stub.set_faults(rules={to: rule for to, (_, rule) in PROVIDER_ANSWERS.items()})
         with Session(cluster.db) as session, session.begin():

@@ -12,6 +12,7 @@ import itertools
 import json
 import logging
 import os
+import random
 import threading
 import time
 import uuid
@@ -32,14 +33,26 @@ from delivery.errors import ConfigError
 from delivery.guards.breaker import (
     HALF_OPEN_POLL,
     CircuitBreaker,
+    Verdict,
     add_breaker_hook,
     remove_breaker_hook,
 )
+from delivery.guards.breaker_machine import probe_rule
 from delivery.guards.redis_client import redis_client as make_client
 from delivery.pipeline import outbox
 from delivery.pipeline.models import Message
+from delivery.pipeline.outcomes import (
+    Absent,
+    Delivered,
+    Found,
+    LookupFailed,
+    Permanent,
+    Retryable,
+    Undeliverable,
+    Unknown,
+)
 from delivery.pipeline.relay import claim
-from delivery.pipeline.sender import CIRCUIT_OPEN, deliver
+from delivery.pipeline.sender import CIRCUIT_OPEN, breaker_verdict, deliver
 from delivery.runtime.db import make_engine, upgrade
 from delivery.runtime.service import Service
 from delivery.testing.processes import ServiceProcess, beat, stub_provider, worker
@@ -63,6 +76,7 @@ class Backend:
 
     def breaker(self, probe_ttl: float = 30.0, **config: Any) -> CircuitBreaker:
         self.config, self.probe_ttl = BreakerConfig(**config), probe_ttl
+        self._local = None
         return self.peer()
 
     def peer(self) -> CircuitBreaker:
@@ -89,107 +103,177 @@ def backend(request: pytest.FixtureRequest) -> Iterator[Backend]:
     made.cleanup()
 
 
+F, S, N = Verdict.FAILURE, Verdict.SUCCESS, Verdict.NEUTRAL
+
+
 def opened(b: CircuitBreaker) -> None:
-    permit = b.allow()
-    for _ in range(b.config.failure_threshold):
-        b.record(permit, "retryable")
+    """Open ``b`` with a run of failures (``consecutive_failures`` must be on)."""
+    for _ in range(b.config.consecutive_failures):
+        b.record(b.allow(), F)
     assert b.status().state == "open"
 
 
-def test_transient_failures_open_it_at_the_threshold(backend: Backend) -> None:
-    """Retryable and unknown outcomes count; the threshold-th opens it and callers are told
-    to come back after reset_timeout."""
-    b = backend.breaker(failure_threshold=3, reset_timeout=5)
-    permit = b.allow()
-    assert (permit.allowed, permit.state) == (True, "closed")
-    b.record(permit, "retryable")
-    b.record(permit, "unknown")
-    assert b.allow().allowed
+def calls(b: CircuitBreaker, verdicts: list[Verdict]) -> list[str]:
+    """One call per verdict (allow, then record); the state after each."""
+    states = []
+    for verdict in verdicts:
+        b.record(b.allow(), verdict)
+        states.append(b.status().state)
+    return states
+
+
+def test_the_rate_rule_opens_it_at_failure_rate_of_minimum_calls(backend: Backend) -> None:
+    """With 10 calls made, the 5th failure (50%) opens it and callers are told to come back
+    after reset_timeout; 9 failures of 9 calls (below minimum_calls) do not."""
+    b = backend.breaker(failure_rate=0.5, minimum_calls=10, consecutive_failures=0)
+    permits = [b.allow() for _ in range(9)]
+    for permit in permits:
+        b.record(permit, F)
+    assert (b.status().state, b.status().failures, b.status().calls) == ("closed", 9, 9)
+    b.reset()
+    permits = [b.allow() for _ in range(10)]
+    for permit in permits[:4]:
+        b.record(permit, F)
+    assert b.status().state == "closed"
     before = time.time()
-    b.record(permit, "lookup_failed")
+    b.record(permits[4], F)
     refused = b.allow()
     assert (refused.allowed, refused.state) == (False, "open")
-    assert refused.retry_at is not None and before + 4.5 < refused.retry_at < time.time() + 5.5
-    assert b.status().failures == 3
+    assert refused.retry_at is not None and before + 29 < refused.retry_at < time.time() + 31
+    assert (b.status().failures, b.status().calls) == (5, 10)
 
 
-def test_permanent_outcomes_never_open_it(backend: Backend) -> None:
-    """Ten 4xx-class (permanent) outcomes leave it closed with no failure counted."""
-    b = backend.breaker(failure_threshold=2)
-    permit = b.allow()
-    for _ in range(10):
-        b.record(permit, "permanent")
+def test_a_provider_failing_30_percent_stays_closed_with_the_defaults(backend: Backend) -> None:
+    """2,000 calls with 30% failures, then 2,000 with 15% (seeded), under the default
+    breaker: it never opens; the old default (5 failures in the window) opens on the same
+    calls."""
+    old = backend.breaker(failure_threshold=5, consecutive_failures=0, minimum_calls=10**9)
+    rng = random.Random(12)
+    assert "open" in calls(old, [F if rng.random() < 0.3 else S for _ in range(2000)])
+    old.reset()
+    b = backend.breaker()
+    rng = random.Random(12)
+    for share in (0.3, 0.15):
+        verdicts = [F if rng.random() < share else S for _ in range(2000)]
+        for verdict in verdicts:
+            permit = b.allow()
+            assert permit.allowed, f"opened at {share:.0%} failures"
+            b.record(permit, verdict)
+    assert b.status().state == "closed"
+
+
+def test_a_run_of_failures_opens_it_whatever_the_volume(backend: Backend) -> None:
+    """After 200 successes (a window the rate rule needs 200 failures to tip), 10 failures
+    in a row open it; a success inside the run (reported with the next step, no round trip of
+    its own) starts the run again."""
+    b = backend.breaker()
+    assert set(calls(b, [S] * 200 + [F] * 9 + [S] + [F] * 9)) == {"closed"}
+    assert calls(b, [F]) == ["open"]
+    assert b.status().failures == 19
+
+
+def test_the_count_rule_is_an_option_for_low_volume(backend: Backend) -> None:
+    """failure_threshold = 3: three failures among successes open it, far below
+    minimum_calls and without a run."""
+    b = backend.breaker(failure_threshold=3, consecutive_failures=0)
+    assert calls(b, [F, S, S, F, S]) == ["closed"] * 5
+    assert calls(b, [F]) == ["open"]
+
+
+def test_neutral_answers_never_count(backend: Backend) -> None:
+    """Fifty neutral answers (4xx, a failed lookup, 409 in progress) count as calls, never as
+    failures, and do not break a run of failures either."""
+    b = backend.breaker()
+    assert set(calls(b, [N] * 50)) == {"closed"}
     status = b.status()
-    assert (status.state, status.failures) == ("closed", 0)
-    assert b.allow().allowed
-
-
-def test_a_success_does_not_wipe_the_failure_window(backend: Backend) -> None:
-    """Two failures, a success, one more failure: still three in the window, so it opens."""
-    b = backend.breaker(failure_threshold=3)
-    permit = b.allow()
-    b.record(permit, "retryable")
-    b.record(permit, "retryable")
-    b.record(permit, "delivered")
-    assert b.status().failures == 2
-    b.record(permit, "retryable")
-    assert b.status().state == "open"
+    assert (status.state, status.failures, status.calls) == ("closed", 0, 50)
+    assert calls(b, [F] * 5 + [N] + [F] * 5)[-1] == "open"
 
 
 def test_failures_older_than_the_window_do_not_count(backend: Backend) -> None:
     """Two failures age out of a 0.5 s window: a third later one leaves it closed."""
-    b = backend.breaker(failure_threshold=3, window=0.5)
-    permit = b.allow()
-    b.record(permit, "retryable")
-    b.record(permit, "retryable")
+    b = backend.breaker(failure_threshold=3, consecutive_failures=0, window=0.5)
+    calls(b, [F, F])
     time.sleep(0.6)
-    b.record(permit, "retryable")
+    calls(b, [F])
     status = b.status()
-    assert (status.state, status.failures) == ("closed", 1)
-    b.record(permit, "retryable")
-    b.record(permit, "retryable")
-    assert b.status().state == "open"
+    assert (status.state, status.failures, status.calls) == ("closed", 1, 1)
+    assert calls(b, [F, F])[-1] == "open"
 
 
-def test_a_failed_probe_reopens_it_for_another_reset_timeout(backend: Backend) -> None:
-    """After reset_timeout one probe goes; its failure reopens the breaker for reset_timeout."""
-    b = backend.breaker(failure_threshold=1, reset_timeout=0.3)
+def test_released_permits_are_taken_off_the_calls(backend: Backend) -> None:
+    """Ten permits given back unused (the row was taken by another worker) leave no call."""
+    b = backend.breaker()
+    for permit in [b.allow() for _ in range(10)]:
+        b.release(permit)
+    assert b.status().calls == 0
+
+
+def test_a_plain_success_costs_no_round_trip(redis_client: Any) -> None:
+    """On Redis, allow + success is one script call; allow + failure is two."""
+    backend = Backend("redis", redis_client)
+    try:
+        b = backend.breaker()
+        assert b._script is not None
+        script, ran = b._script, []
+
+        def counting(**kwargs: Any) -> Any:
+            ran.append(kwargs["args"][0])
+            return script(**kwargs)
+
+        b._script = counting  # type: ignore[assignment]
+        b.record(b.allow(), S)
+        b.record(b.allow(), N)
+        assert ran == ["allow", "allow"]
+        b.record(b.allow(), F)
+        assert ran == ["allow", "allow", "allow", "record"]
+    finally:
+        backend.cleanup()
+
+
+def test_probes_reopen_it_once_their_failure_rate_cannot_fall_below(backend: Backend) -> None:
+    """5 probes at 50%: the 1st and 2nd failed probes leave it half-open (the next caller
+    probes); the 3rd reopens it for another reset_timeout."""
+    b = backend.breaker(reset_timeout=0.3, consecutive_failures=3)
     opened(b)
     assert not b.allow().allowed
     time.sleep(0.35)
-    probe = b.allow()
-    assert (probe.allowed, probe.probe, probe.state) == (True, True, "half_open")
-    b.record(probe, "unknown")
+    for _ in range(2):
+        probe = b.allow()
+        assert (probe.allowed, probe.probe, probe.state) == (True, True, "half_open")
+        b.record(probe, F)
+        assert b.status().state == "half_open"
+    b.record(b.allow(), F)
     refused = b.allow()
     assert (refused.allowed, refused.state) == (False, "open")
     assert refused.retry_at is not None and refused.retry_at > time.time() + 0.2
 
 
-def test_success_threshold_probes_close_it_and_clear_the_window(backend: Backend) -> None:
-    """Two probe successes close it; the old failures are forgotten; meanwhile a second
-    caller is turned away and told to come back within HALF_OPEN_POLL."""
-    b = backend.breaker(failure_threshold=2, reset_timeout=0.2, success_threshold=2)
+def test_probes_close_it_once_their_failure_rate_cannot_reach_it(backend: Backend) -> None:
+    """Two failed probes and three good ones (one at a time: a second caller is told to come
+    back within HALF_OPEN_POLL) close it; the window and the run are forgotten."""
+    b = backend.breaker(reset_timeout=0.2, consecutive_failures=3)
     opened(b)
     time.sleep(0.25)
     first = b.allow()
-    assert first.probe
     other = b.allow()
-    assert (other.allowed, other.state) == (False, "half_open")
+    assert first.probe and (other.allowed, other.state) == (False, "half_open")
     assert other.retry_at is not None and other.retry_at <= time.time() + HALF_OPEN_POLL + 0.01
-    b.record(first, "delivered")
-    assert b.status().state == "half_open"
-    second = b.allow()
-    assert second.probe
-    b.record(second, "found")
+    b.record(first, F)
+    for verdict in (S, F, S):
+        b.record(b.allow(), verdict)
+        assert b.status().state == "half_open"
+    b.record(b.allow(), S)
     status = b.status()
-    assert (status.state, status.failures) == ("closed", 0)
-    b.record(b.allow(), "retryable")
-    assert b.status().state == "closed"
+    assert (status.state, status.failures, status.calls) == ("closed", 0, 0)
+    assert calls(b, [F, F]) == ["closed", "closed"]
 
 
 def test_a_dead_prober_does_not_wedge_half_open(backend: Backend) -> None:
     """A probe that never reports expires after probe_ttl; its late report decides nothing."""
-    b = backend.breaker(failure_threshold=1, reset_timeout=0.1, probe_ttl=0.3)
+    b = backend.breaker(
+        consecutive_failures=1, reset_timeout=0.1, half_open_probes=1, probe_ttl=0.3
+    )
     opened(b)
     time.sleep(0.15)
     lost = b.allow()
@@ -198,28 +282,108 @@ def test_a_dead_prober_does_not_wedge_half_open(backend: Backend) -> None:
     time.sleep(0.35)
     fresh = b.allow()
     assert fresh.probe
-    b.record(lost, "delivered")
+    b.record(lost, S)
     assert b.status().probe_in_flight
-    b.record(fresh, "retryable")
+    b.record(fresh, F)
     assert b.status().state == "open"
 
 
-def test_a_permanent_probe_outcome_frees_the_probe(backend: Backend) -> None:
-    """A probe answered 4xx neither closes nor reopens it: the next caller may probe."""
-    b = backend.breaker(failure_threshold=1, reset_timeout=0.1)
+def test_a_neutral_probe_outcome_frees_the_probe(backend: Backend) -> None:
+    """A probe answered 4xx neither closes nor reopens it, nor counts: the next caller probes,
+    and one good probe then closes a one-probe breaker."""
+    b = backend.breaker(consecutive_failures=1, reset_timeout=0.1, half_open_probes=1)
     opened(b)
     time.sleep(0.15)
-    probe = b.allow()
-    b.record(probe, "permanent")
+    b.record(b.allow(), N)
     status = b.status()
     assert (status.state, status.probe_in_flight) == ("half_open", False)
-    assert b.allow().probe
+    probe = b.allow()
+    assert probe.probe
+    b.record(probe, S)
+    assert b.status().state == "closed"
+
+
+def test_a_70_percent_healthy_provider_does_not_flap(backend: Backend) -> None:
+    """Property, seeded: after an outage, a provider answering 70% of calls closes at the
+    first half-open episode in most of 200 trials (P = 84% by the binomial; the old rule, two
+    good probes in a row, 49%), and once closed stays closed for 500 calls."""
+    rng = random.Random(7)
+    b = backend.breaker(reset_timeout=0.001, consecutive_failures=3)
+    first_time = 0
+    for _ in range(200):
+        b.reset()
+        assert calls(b, [F] * 3)[-1] != "closed"  # open (or already half-open: 1 ms)
+        time.sleep(0.002)
+        episodes = 0
+        while b.status().state != "closed":
+            time.sleep(0.002)
+            episodes += 1
+            while (permit := b.allow()).probe:
+                b.record(permit, S if rng.random() < 0.7 else F)
+                if b.status().state != "half_open":
+                    break
+        first_time += episodes == 1
+    assert 0.75 <= first_time / 200 <= 0.93, first_time
+    b = backend.breaker()
+    assert set(calls(b, [S if rng.random() < 0.7 else F for _ in range(500)])) == {"closed"}
+
+
+@pytest.mark.parametrize("probes", range(1, 16))
+@pytest.mark.parametrize("rate", [0.1, 0.25, 0.3, 0.5, 0.6, 2 / 3, 0.9, 1.0])
+def test_the_probe_rule_decides_within_the_probes(probes: int, rate: float) -> None:
+    """close_at successes leave a failure rate that cannot reach `rate`; reopen_at failures
+    one that cannot fall below it; one fewer of either decides nothing; together they fit in
+    the probes."""
+    close_at, reopen_at = probe_rule(probes, rate)
+    assert close_at + reopen_at == probes + 1
+    assert (probes - close_at) / probes < rate <= reopen_at / probes + 1e-9
+    assert (reopen_at - 1) / probes < rate
+    assert close_at == 1 or (probes - close_at + 1) / probes >= rate - 1e-9
+
+
+def test_the_default_outage_cost_is_bounded() -> None:
+    """The documented cost of a 60 s outage with 8 worker slots: 10 to trip, 7 in flight,
+    3 probes for the one half-open episode inside it: 20 provider requests."""
+    config = BreakerConfig()
+    _, reopen_at = probe_rule(config.half_open_probes, config.failure_rate)
+    episodes = int(60 // config.reset_timeout) - 1
+    assert config.consecutive_failures + 7 + episodes * reopen_at <= 20
+
+
+def test_both_machines_answer_the_same_to_the_same_steps(redis_client: Any) -> None:
+    """Property, seeded: 400 random steps (allow, record any verdict, release, peek) on the
+    Lua script and on the local twin give the same answers (state, permit, failures, calls)."""
+    config = {"failure_rate": 0.5, "minimum_calls": 8, "consecutive_failures": 4}
+    config["reset_timeout"] = 1000.0
+    twins = [Backend("redis", redis_client), Backend("local", None)]
+    rng = random.Random(3)
+    try:
+        pair = [t.breaker(**config) for t in twins]
+        for step in range(400):
+            roll, verdict = rng.random(), rng.choice([F, F, S, S, S, N])
+            answers = []
+            for b in pair:
+                if roll < 0.05:
+                    b.reset()
+                    answers.append(None)
+                elif roll < 0.1:
+                    b.release(b.allow())
+                    answers.append(None)
+                else:
+                    permit = b.allow()
+                    b.record(permit, verdict)
+                    answers.append((permit.allowed, permit.probe, permit.state))
+                status = b.status()
+                answers[-1] = (answers[-1], status.state, status.failures, status.calls)
+            assert answers[0] == answers[1], f"step {step}: {answers}"
+    finally:
+        twins[0].cleanup()
 
 
 def test_concurrent_half_open_callers_get_exactly_one_probe(backend: Backend) -> None:
     """Twenty threads (each with its own breaker object and connection on Redis) ask at the
     same moment: exactly one gets the probe."""
-    b = backend.breaker(failure_threshold=1, reset_timeout=0.2)
+    b = backend.breaker(consecutive_failures=1, reset_timeout=0.2)
     opened(b)
     peers = [backend.peer() for _ in range(20)]
     for peer in peers:
@@ -257,10 +421,10 @@ def test_transitions_are_logged_as_json_and_passed_to_hooks(
     add_breaker_hook(seen.append)
     caplog.set_level(logging.INFO, logger="delivery.breaker")
     try:
-        b = backend.breaker(failure_threshold=2, reset_timeout=0.1, success_threshold=1)
+        b = backend.breaker(consecutive_failures=2, reset_timeout=0.1, half_open_probes=1)
         opened(b)
         time.sleep(0.15)
-        b.record(b.allow(), "delivered")
+        b.record(b.allow(), S)
     finally:
         remove_breaker_hook(broken)
         remove_breaker_hook(seen.append)
@@ -273,6 +437,35 @@ def test_transitions_are_logged_as_json_and_passed_to_hooks(
     assert [(e["from"], e["to"]) for e in events] == steps
     assert events[0]["provider"] == backend.provider and events[0]["failures"] == 2
     assert events[0]["at"].endswith("+00:00")
+
+
+def test_a_disabled_breaker_allows_every_call(backend: Backend) -> None:
+    """enabled = false: a hundred failures, every call allowed, status "disabled"."""
+    b = backend.breaker(enabled=False)
+    assert set(calls(b, [F] * 100)) == {"disabled"}
+    assert b.allow().allowed
+
+
+@pytest.mark.parametrize(
+    ("outcome", "verdict"),
+    [
+        (Unknown("NETWORK_ReadTimeout", "sent, no answer"), F),
+        (Retryable("NETWORK_ConnectError", "not sent"), F),
+        (Retryable("HTTP_503", "down", 503), F),
+        (Retryable("HTTP_429", "slow down", 429, 2.0), F),
+        (Retryable("IDEMPOTENCY_IN_PROGRESS", "busy", 409), N),
+        (Permanent("21211", "bad number", 400), N),
+        (LookupFailed("HTTP_503", "lookup down", 503), N),
+        (Delivered("msg_1", 201), S),
+        (Found("msg_1"), S),
+        (Absent(), S),
+        (Undeliverable("30003", "unreachable handset"), S),
+    ],
+)
+def test_what_counts_against_the_provider(outcome: Any, verdict: Verdict) -> None:
+    """Network errors (also unknown outcomes), 5xx and 429 are failures; 4xx, a failed lookup
+    and a 409 in progress are neutral; answers that show it works are successes."""
+    assert breaker_verdict(outcome) == verdict
 
 
 # ---------------------------------------------------------------------------------------------
@@ -289,8 +482,8 @@ def test_unreachable_redis_falls_back_to_a_local_breaker(
     )
     permit = b.allow()
     assert (permit.allowed, permit.source) == (True, "local")
-    b.record(permit, "retryable")
-    b.record(permit, "retryable")
+    b.record(permit, Verdict.FAILURE)
+    b.record(permit, Verdict.FAILURE)
     refused = b.allow()
     assert (refused.allowed, refused.state, refused.source) == (False, "open", "local")
     warnings = [r for r in caplog.records if "breaker_redis_error" in r.getMessage()]
@@ -304,7 +497,7 @@ def test_unreachable_redis_with_allow_sends_without_a_breaker() -> None:
     for _ in range(5):
         permit = b.allow()
         assert (permit.allowed, permit.source) == (True, "none")
-        b.record(permit, "retryable")
+        b.record(permit, Verdict.FAILURE)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -324,18 +517,52 @@ def _settings(breaker: dict[str, Any] | None) -> Settings:
 
 
 def test_breaker_config_defaults_and_overrides() -> None:
-    """Seed 001's defaults apply per provider; [providers.p.breaker] overrides them."""
-    assert _settings(None).providers["p"].breaker == BreakerConfig(5, 60.0, 30.0, 2, "local")
-    custom = _settings({"failure_threshold": 3, "window": 10, "on_redis_error": "allow"})
-    assert custom.providers["p"].breaker == BreakerConfig(3, 10.0, 30.0, 2, "allow")
+    """The defaults apply per provider; [providers.p.breaker] overrides them."""
+    assert _settings(None).providers["p"].breaker == BreakerConfig(
+        failure_rate=0.5,
+        minimum_calls=40,
+        consecutive_failures=10,
+        failure_threshold=0,
+        window=60.0,
+        reset_timeout=30.0,
+        half_open_probes=5,
+        enabled=True,
+        on_redis_error="local",
+    )
+    custom = _settings(
+        {
+            "failure_rate": 0.6,
+            "minimum_calls": 100,
+            "consecutive_failures": 0,
+            "failure_threshold": 3,
+            "window": 10,
+            "half_open_probes": 9,
+            "enabled": False,
+            "on_redis_error": "allow",
+        }
+    )
+    assert custom.providers["p"].breaker == BreakerConfig(
+        0.6, 100, 0, 3, 10.0, 30.0, 9, False, "allow"
+    )
 
 
 @pytest.mark.parametrize(
     ("table", "key"),
     [
         ({"threshold": 3}, "providers.p.breaker.threshold"),
-        ({"failure_threshold": 0}, "providers.p.breaker.failure_threshold"),
+        ({"success_threshold": 2}, "providers.p.breaker.success_threshold"),
+        ({"failure_threshold": -1}, "providers.p.breaker.failure_threshold"),
+        ({"failure_rate": 1.5}, "providers.p.breaker.failure_rate"),
+        ({"failure_rate": 0}, "providers.p.breaker.failure_rate"),
+        ({"failure_rate": "50%"}, "providers.p.breaker.failure_rate"),
+        ({"minimum_calls": 0}, "providers.p.breaker.minimum_calls"),
+        ({"minimum_calls": 2.5}, "providers.p.breaker.minimum_calls"),
+        ({"consecutive_failures": -1}, "providers.p.breaker.consecutive_failures"),
+        ({"half_open_probes": 0}, "providers.p.breaker.half_open_probes"),
         ({"window": "60s"}, "providers.p.breaker.window"),
+        ({"window": float("nan")}, "providers.p.breaker.window"),
+        ({"reset_timeout": float("inf")}, "providers.p.breaker.reset_timeout"),
+        ({"enabled": "yes"}, "providers.p.breaker.enabled"),
         ({"on_redis_error": "crash"}, "providers.p.breaker.on_redis_error"),
     ],
 )
@@ -361,7 +588,7 @@ def test_cli_breaker_status_and_reset(redis_client: Any, pg_engine: Any, tmp_pat
         name, BreakerConfig(failure_threshold=1, reset_timeout=60), client=make_client(REDIS_URL)
     )
     try:
-        b.record(b.allow(), "retryable")
+        b.record(b.allow(), Verdict.FAILURE)
         runner = CliRunner()
         result = runner.invoke(main, ["breaker", "status", "--json"], env=env)
         assert result.exit_code == 0, result.output
@@ -445,8 +672,9 @@ def test_sender_parks_without_an_attempt_on_the_local_fallback(
 # ---------------------------------------------------------------------------------------------
 # Two real worker processes through a provider outage
 
-THRESHOLD = 3
-RESET = 2.0
+RUN = BreakerConfig().consecutive_failures  # the default breaker opens after this many
+PROBES = probe_rule(BreakerConfig().half_open_probes, BreakerConfig().failure_rate)[1]
+RESET = 2.0  # the one setting changed from the defaults: probe sooner, to keep the test short
 CONCURRENCY = 4  # per worker; two workers
 OUTAGE = 20.0
 GRACE = 1.0  # requests allowed before the breaker opened reach the stub within this
@@ -474,10 +702,7 @@ kind = "http"
 base_url = "http://127.0.0.1:{port}"
 
 [providers.flaky.breaker]
-failure_threshold = {threshold}
-window = 10
 reset_timeout = {reset}
-success_threshold = 2
 
 [channels.sms]
 provider = "flaky"
@@ -513,7 +738,7 @@ def rig(
     upgrade(engine)
     port = free_port()
     config = run / "breaker.toml"
-    config.write_text(RIG_TOML.format(port=port, threshold=THRESHOLD, reset=RESET))
+    config.write_text(RIG_TOML.format(port=port, reset=RESET))
     env = {
         **os.environ,
         "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{db}",
@@ -603,9 +828,10 @@ def parked(engine: Engine) -> int:
 
 
 @pytest.mark.integration
-def test_outage_sends_one_probe_per_reset_timeout_and_spends_no_attempts(fresh: Rig) -> None:
-    """A 20 s run of 503s with two workers (8 slots): once the breaker opens the provider sees
-    at most one request per reset_timeout, messages are parked instead of spending attempts,
+def test_outage_sends_few_probes_per_reset_timeout_and_spends_no_attempts(fresh: Rig) -> None:
+    """A 20 s run of 503s with two workers (8 slots) and the default breaker: it opens after
+    a run of failures (plus the calls in flight), then the provider sees at most the probes
+    that reopen it (3) per reset_timeout; messages are parked instead of spending attempts,
     and all 40 are sent after recovery."""
     rig = fresh
     started = time.time()
@@ -625,10 +851,11 @@ def test_outage_sends_one_probe_per_reset_timeout_and_spends_no_attempts(fresh: 
     before = [t for t in errors if t < opened_at + GRACE]
     during = [t for t in errors if t >= opened_at + GRACE]
     gaps = [round(b - a, 3) for a, b in itertools.pairwise(during)]
-    assert len(before) <= THRESHOLD + 2 * CONCURRENCY, before
-    assert len(during) >= 4, "the breaker never probed again and again"
-    assert min(gaps) >= RESET - 0.05, gaps
-    assert len(during) <= (recovered - opened_at) / RESET + 1, gaps
+    assert len(before) <= RUN + 2 * CONCURRENCY - 1, before
+    assert len(during) >= PROBES + 1, "the breaker never probed again and again"
+    busiest = max(sum(1 for u in during if t <= u < t + RESET - 0.05) for t in during)
+    assert busiest <= PROBES, gaps
+    assert len(during) <= PROBES * ((recovered - opened_at) / RESET + 1), gaps
     assert (breaker[-1]["from"], breaker[-1]["to"]) == ("half_open", "closed")
 
     with Session(rig.engine) as session:
@@ -656,3 +883,26 @@ def test_4xx_answers_do_not_open_it(fresh: Rig) -> None:
     assert (status.state, status.failures) == ("closed", 0)
     enqueue_many(rig, 1, "good")
     assert drained(rig.engine, 21, timeout=30) == {"dead": 20, "sent": 1}
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    "faults",
+    [{"drop_rate": 0.3, "seed": 5}, {"error_rate": 0.15, "error_status": 503, "seed": 6}],
+    ids=["30pct-lost-answers", "15pct-503"],
+)
+def test_a_provider_that_mostly_works_is_never_stalled(fresh: Rig, faults: dict[str, Any]) -> None:
+    """Issue 12's case, through two real workers and the default breaker: 100 messages while
+    the provider loses 30% of its answers after accepting (or answers 15% 503) are all sent,
+    the breaker never leaves closed and no message is parked."""
+    rig = fresh
+    started = time.time()
+    rig.stub.set_faults(**faults)
+    enqueue_many(rig, 100, f"mostly-{faults.get('drop_rate', 0)}")
+    assert drained(rig.engine, 100, timeout=60) == {"sent": 100}
+    failed = [r for r in rig.stub.requests() if r["outcome"] in ("dropped", "error")]
+    assert len(failed) >= 10, "the fault never hit"
+    events = worker_events(rig, started)
+    assert [e for e in events if e["event"] == "breaker_transition"] == []
+    mine = [e for e in events if str(e.get("key", "")).startswith("mostly-")]
+    assert [e for e in mine if e.get("code") == CIRCUIT_OPEN] == []

@@ -137,8 +137,19 @@ def test_redrive_requeues_dead_and_unknown_with_same_key(session: Session) -> No
 
     assert result.exit_code == 0, result.output
     dead, unknown = reload(session, "k-dead"), reload(session, "k-unknown")
-    assert (dead.status, dead.attempts, dead.needs_lookup) == ("pending", 0, False)
-    assert (unknown.status, unknown.attempts, unknown.needs_lookup) == ("pending", 0, True)
+    # The attempt count (the fence) goes on; each gets its budget of 5 attempts again.
+    assert (dead.status, dead.attempts, dead.max_attempts, dead.needs_lookup) == (
+        "pending",
+        5,
+        10,
+        False,
+    )
+    assert (unknown.status, unknown.attempts, unknown.max_attempts, unknown.needs_lookup) == (
+        "pending",
+        3,
+        8,
+        True,
+    )
     assert dead.last_error_code == "EXHAUSTED"
     assert [(t.key, t.from_status, t.outcome) for t in seen] == [
         ("k-dead", "dead", "redrive"),

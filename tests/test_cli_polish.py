@@ -22,7 +22,7 @@ from delivery.cli import main
 from delivery.config.loading import settings_from_mapping
 from delivery.config.settings import BreakerConfig
 from delivery.errors import ConfigError, InvalidMessage
-from delivery.guards.breaker import CircuitBreaker
+from delivery.guards.breaker import CircuitBreaker, Verdict
 from delivery.guards.redis_client import redis_client as make_client
 from delivery.pipeline.models import Attempt, utcnow
 from delivery.pipeline.validation import check_payload
@@ -79,7 +79,8 @@ def test_db_upgrade_says_what_it_applied(tmp_path: Path, monkeypatch: pytest.Mon
     monkeypatch.setenv("DELIVERY_DATABASE_URL", f"sqlite:///{tmp_path}/u.sqlite3")
     first = run("db", "upgrade")
     assert first.exit_code == 0, first.output
-    assert "applied 0001" in first.output and "applied 0003: Audit" in first.output
+    assert "applied 0001" in first.output and "applied 0003_fence" in first.output
+    assert "applied 0004_audit: Audit" in first.output
     second = run("db", "upgrade")
     assert "nothing to apply" in second.output and "applied" not in second.output
 
@@ -132,7 +133,7 @@ def test_breaker_status_prints_half_open_as_the_readme_writes_it(
         client=make_client(REDIS_URL),
     )
     try:
-        breaker.record(breaker.allow(), "retryable")
+        breaker.record(breaker.allow(), Verdict.FAILURE)
         time.sleep(0.2)
         probe = breaker.allow()
         assert probe.state == "half_open"

@@ -1,7 +1,7 @@
-"""The deployment files: docker-compose.yml, deploy/Dockerfile, deploy/.env.example and
-deploy/delivery.toml. Docker does not run here: compose is validated by Debian's
-``docker-compose config -q`` and every command it runs is checked against our CLI and
-Celery's."""
+"""The deployment files: docker-compose.yml, deploy/Dockerfile, deploy/env.example/,
+deploy/make_env.py, deploy/flowerconfig.py and deploy/delivery.toml. Docker does not run
+here: compose is validated by Debian's ``docker-compose config -q`` and every command it runs
+is checked against our CLI and Celery's."""
 
 from __future__ import annotations
 
@@ -25,8 +25,21 @@ from tests.conftest import IN_CI
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
-ENV_EXAMPLE = ROOT / "deploy" / ".env.example"
+ENV_EXAMPLE = ROOT / "deploy" / "env.example"
 SERVICES = {"console", "postgres", "redis", "migrate", "worker", "beat", "flower", "stub", "app"}
+ENV_DIR = "${DELIVERY_ENV_DIR:-deploy/env.example}/"
+# Which env files (so which secrets) each service gets: each only what it needs.
+ENV_FILES = {
+    "postgres": {"postgres.env"},
+    "redis": {"redis.env"},
+    "migrate": {"delivery.env", "database.env"},
+    "worker": {"delivery.env", "database.env", "broker.env", "providers.env"},
+    "beat": {"delivery.env", "database.env", "broker.env"},
+    "flower": {"delivery.env", "broker.env", "flower.env"},
+    "stub": set(),
+    "console": {"delivery.env", "database.env", "broker.env", "console.env"},
+    "app": {"delivery.env", "database.env", "broker.env", "app.env"},
+}
 
 
 def compose() -> dict[str, Any]:
@@ -35,9 +48,9 @@ def compose() -> dict[str, Any]:
     return data
 
 
-def env_example() -> dict[str, str]:
+def read_env(path: Path) -> dict[str, str]:
     values = {}
-    for line in ENV_EXAMPLE.read_text().splitlines():
+    for line in path.read_text().splitlines():
         line = line.strip()
         if line and not line.startswith("#"):
             name, sep, value = line.partition("=")
@@ -46,16 +59,40 @@ def env_example() -> dict[str, str]:
     return values
 
 
+def env_files(folder: Path = ENV_EXAMPLE) -> dict[str, dict[str, str]]:
+    """Each env file of a folder (deploy/env.example/ by default) by name."""
+    return {path.name: read_env(path) for path in sorted(folder.glob("*.env"))}
+
+
+def env_example() -> dict[str, str]:
+    """Every variable of deploy/env.example/ in one mapping."""
+    merged: dict[str, str] = {}
+    for values in env_files().values():
+        merged.update(values)
+    return merged
+
+
+def service_env_files(service: dict[str, Any]) -> set[str]:
+    files = service.get("env_file", [])
+    files = [files] if isinstance(files, str) else files
+    assert all(f.startswith(ENV_DIR) for f in files), files
+    return {f.removeprefix(ENV_DIR) for f in files}
+
+
 def argv_of(value: str | list[str]) -> list[str]:
     return shlex.split(value) if isinstance(value, str) else [str(v) for v in value]
 
 
 def commands() -> list[tuple[str, list[str]]]:
-    """Every command the compose file runs: each service's command and health check."""
+    """Every command the compose file runs: each service's command and health check (a
+    ``sh -c`` script's last command, the one it ``exec``s)."""
     found = []
     for name, service in compose()["services"].items():
         if "command" in service:
-            found.append((name, argv_of(service["command"])))
+            argv = argv_of(service["command"])
+            if argv[:2] == ["sh", "-c"]:
+                argv = shlex.split(argv[2].rpartition("exec ")[2])
+            found.append((name, argv))
         test = service.get("healthcheck", {}).get("test")
         if test:
             kind, *rest = test
@@ -116,7 +153,7 @@ def test_compose_file_is_valid_for_docker_compose() -> None:
         if IN_CI:
             pytest.fail(f"{message}; CI=true requires it")
         pytest.skip(message)
-    env = {k: v for k, v in os.environ.items() if k != "DELIVERY_ENV_FILE"}
+    env = {k: v for k, v in os.environ.items() if k != "DELIVERY_ENV_DIR"}
     result = subprocess.run(
         [binary, "-f", str(COMPOSE), "config", "-q"],
         cwd=ROOT,
@@ -192,21 +229,152 @@ def test_compose_shape_one_beat_migrate_first_health_checks_and_auth() -> None:
     assert services["console"]["command"][:2] == ["delivery", "console"]
     parse_users(env_example())
     text = COMPOSE.read_text()
-    assert "change-me" not in text and "password" not in text.lower()
-    for name, service in services.items():
-        if name not in ("postgres", "redis"):
-            assert service["env_file"] == "${DELIVERY_ENV_FILE:-deploy/.env.example}", name
+    assert "change-me" not in text and "password:" not in text.lower()
+
+
+def test_each_service_gets_only_the_secrets_it_needs() -> None:
+    """Each service reads only its own env files: provider secrets reach the worker alone,
+    Flower's credentials Flower alone, the console's operators the console alone, the database
+    and Redis passwords only the services that connect to them; every variable of the example
+    folder is given to some service."""
+    services = compose()["services"]
+    given = {name: service_env_files(service) for name, service in services.items()}
+    assert given == ENV_FILES
+    files = env_files()
+    assert set(files) == set().union(*ENV_FILES.values())
+    holders = {f: {s for s, fs in ENV_FILES.items() if f in fs} for f in files}
+    assert holders["providers.env"] == {"worker"}
+    assert holders["flower.env"] == {"flower"}
+    assert holders["console.env"] == {"console"}
+    assert holders["postgres.env"] == {"postgres"} and holders["redis.env"] == {"redis"}
+    assert "flower" not in holders["database.env"] and "stub" not in set().union(*holders.values())
+    assert "FLOWER_BASIC_AUTH" in files["flower.env"] and "REDIS_PASSWORD" in files["redis.env"]
+    secretish = re.compile(r"PASSWORD|SECRET|TOKEN|AUTH|_KEY")
+    for name, values in files.items():
+        if name not in ("postgres.env", "redis.env", "flower.env", "console.env"):
+            assert not any(secretish.search(v) for v in values), name
+
+
+def test_published_ports_are_on_loopback_only() -> None:
+    """Flower, the console and the example app are published on the host's 127.0.0.1, nothing on all
+    interfaces."""
+    published = {
+        name: service["ports"]
+        for name, service in compose()["services"].items()
+        if "ports" in service
+    }
+    assert set(published) == {"flower", "console", "app"}
+    for name, ports in published.items():
+        for port in ports:
+            assert str(port).startswith("127.0.0.1:"), (name, port)
+
+
+def test_redis_requires_a_password_and_every_url_carries_it() -> None:
+    """Redis starts only with REDIS_PASSWORD (16+ characters) as requirepass, its health check
+    authenticates, and the broker and breaker URLs carry that password; the database URLs carry
+    the PostgreSQL password."""
+    redis = compose()["services"]["redis"]
+    script = argv_of(redis["command"])[2]
+    assert "--requirepass" in script and "$${#REDIS_PASSWORD} -ge 16" in script
+    assert "REDIS_PASSWORD" in redis["healthcheck"]["test"][1]
+    files = env_files()
+    password = files["redis.env"]["REDIS_PASSWORD"]
+    for name in ("DELIVERY_BROKER_URL", "DELIVERY_REDIS_URL"):
+        assert files["broker.env"][name].startswith(f"redis://:{password}@redis:6379/"), name
+    pg = files["postgres.env"]["POSTGRES_PASSWORD"]
+    assert f":{pg}@postgres:5432/" in files["database.env"]["DELIVERY_DATABASE_URL"]
+
+
+def flower_config(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, auth: str | None) -> Any:
+    """Execute deploy/flowerconfig.py as Flower does, with FLOWER_BASIC_AUTH = ``auth``."""
+    import runpy
+
+    monkeypatch.setenv("FLOWER_DB", str(tmp_path / "flower.db"))
+    if auth is None:
+        monkeypatch.delenv("FLOWER_BASIC_AUTH", raising=False)
+    else:
+        monkeypatch.setenv("FLOWER_BASIC_AUTH", auth)
+    return runpy.run_path(str(ROOT / "deploy" / "flowerconfig.py"))
+
+
+@pytest.mark.parametrize(
+    "auth",
+    [
+        None,
+        "",
+        "ops",
+        "ops:change-me",
+        "ops:short-pass",
+        "ops:please-change-me-now",
+        "ops:Password12345",
+        "operator-account:operator-account",
+        "ops:4f9c2e7a1b3d5f60aa, admin:admin",
+    ],
+)
+def test_flower_refuses_a_missing_placeholder_or_short_password(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, auth: str | None
+) -> None:
+    """deploy/flowerconfig.py stops Flower without credentials, with a password under 12
+    characters, equal to the user name or containing a placeholder word, and never prints it."""
+    with pytest.raises(SystemExit) as stop:
+        flower_config(monkeypatch, tmp_path, auth)
+    message = str(stop.value.code)
+    assert "FLOWER_BASIC_AUTH" in message
+    for credential in (auth or "").split(","):
+        password = credential.partition(":")[2].strip()
+        if len(password) > 3:
+            assert password not in message
+        assert credential.partition(":")[0] not in message or not credential
+
+
+def test_make_env_writes_a_folder_compose_and_flower_accept(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """deploy/make_env.py fills every placeholder with random passwords (owner-only files,
+    consistent between redis.env and the URLs), Flower accepts its credentials and
+    docker-compose validates the file with DELIVERY_ENV_DIR pointing at it."""
+    import runpy
+
+    target = tmp_path / "env"
+    runpy.run_path(str(ROOT / "deploy" / "make_env.py"), run_name="make_env")["main"](target)
+    files = env_files(target)
+    assert set(files) == set(env_files())
+    assert "change-me" not in "".join(p.read_text() for p in target.iterdir())
+    assert all(p.stat().st_mode & 0o077 == 0 for p in target.iterdir())
+    password = files["redis.env"]["REDIS_PASSWORD"]
+    assert len(password) >= 16
+    assert files["broker.env"]["DELIVERY_BROKER_URL"].startswith(f"redis://:{password}@")
+    pg = files["postgres.env"]["POSTGRES_PASSWORD"]
+    assert f":{pg}@" in files["database.env"]["DELIVERY_DATABASE_URL"] and pg != password
+    config = flower_config(monkeypatch, tmp_path, files["flower.env"]["FLOWER_BASIC_AUTH"])
+    assert config["basic_auth"] == [files["flower.env"]["FLOWER_BASIC_AUTH"]]
+    binary = shutil.which("docker-compose")
+    if binary is None:
+        if IN_CI:
+            pytest.fail("docker-compose is not installed; CI=true requires it")
+        return
+    result = subprocess.run(
+        [binary, "-f", str(COMPOSE), "config"],
+        cwd=ROOT,
+        env={**os.environ, "DELIVERY_ENV_DIR": str(target)},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert f"REDIS_PASSWORD: {password}" in result.stdout
 
 
 def test_env_example_and_toml_configure_the_compose_services() -> None:
-    """deploy/.env.example names every DELIVERY_* setting, and with it deploy/delivery.toml
+    """deploy/env.example/ names every DELIVERY_* setting, and with it deploy/delivery.toml
     loads into valid settings whose provider is the stub service on its port."""
     env = env_example()
     for name in ("DELIVERY_DATABASE_URL", "DELIVERY_BROKER_URL", "DELIVERY_REDIS_URL"):
         assert env[name], name
     assert env["DELIVERY_DATABASE_URL"].startswith("postgresql+psycopg://")
     assert "@postgres:5432/" in env["DELIVERY_DATABASE_URL"]
-    assert env["DELIVERY_BROKER_URL"].startswith("redis://redis:6379/")
+    assert env["DELIVERY_BROKER_URL"].startswith("redis://:")
+    assert "@redis:6379/" in env["DELIVERY_BROKER_URL"]
     mounted = compose()["x-service"]["volumes"][0]
     source, target, _ = mounted.split(":")
     assert env["DELIVERY_CONFIG"] == target

@@ -301,3 +301,132 @@ def test_admin_cancel_cancels_pending_only(admin_client: Client, db: Engine) -> 
         ("cancel", "pending", "cancelled")
     ]
     assert audit[0].actor.startswith("admin:")
+
+
+def change_form(page: str) -> dict[str, Any]:
+    """What a browser would post back from a change page: every named input with its value
+    (the read-only fields have none), plus the Save button's name."""
+    import re
+
+    data: dict[str, Any] = {}
+    for tag in re.findall(r"<input[^>]*>", page):
+        name = re.search(r'name="([^"]+)"', tag)
+        value = re.search(r'value="([^"]*)"', tag)
+        if name and 'type="submit"' not in tag:
+            data[name.group(1)] = value.group(1) if value else ""
+    data.update(status="pending", _save="Save")
+    return data
+
+
+@pytest.mark.parametrize("concurrent", ["cancel", "worker sent"])
+def test_admin_save_never_overwrites_a_transition_committed_while_the_page_was_open(
+    admin_client: Client, db: Engine, monkeypatch: pytest.MonkeyPatch, concurrent: str
+) -> None:
+    """The change page offers no Save; posting its form anyway, while another transaction
+    commits a cancel (or a worker's sending -> sent) between the admin loading the row and
+    acting on it, is refused with 403 and the committed status is kept."""
+    from django.contrib import admin
+
+    from delivery import ops
+    from delivery.runtime.db import make_sessionmaker
+
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with transaction.atomic():
+        message = enqueue(channel="sms", to="+12015550107", payload={"body": "x"}, send_at=later)
+    if concurrent == "worker sent":
+        with db.begin() as conn:  # a worker has claimed it and is calling the provider
+            conn.execute(
+                text("UPDATE delivery_messages SET status = 'sending', attempts = 1 WHERE id = :i"),
+                {"i": message.id},
+            )
+    url = f"{ADMIN}{message.id}/change/"
+    page = admin_client.get(url)
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'name="_save"' not in html and 'name="_continue"' not in html
+    assert "+12015550107" not in html
+
+    model_admin = admin.site._registry[django_models.Message]
+    original = model_admin.get_object
+
+    def get_object_then_commit_elsewhere(*args: Any, **kwargs: Any) -> Any:
+        obj = original(*args, **kwargs)  # the admin holds the row as it was
+        if concurrent == "cancel":
+            with make_sessionmaker(db)() as other, other.begin():
+                assert ops.cancel(other, message.key).cancelled
+        else:
+            with db.begin() as conn:  # the worker's conditional sending -> sent
+                conn.execute(
+                    text(
+                        "UPDATE delivery_messages SET status = 'sent', sent_at = now() "
+                        "WHERE id = :i AND status = 'sending' AND attempts = 1"
+                    ),
+                    {"i": message.id},
+                )
+        return obj
+
+    monkeypatch.setattr(model_admin, "get_object", get_object_then_commit_elsewhere)
+    response = admin_client.post(url, change_form(html))
+    assert response.status_code == 403
+    assert status_of(db, message.key) == ("cancelled" if concurrent == "cancel" else "sent")
+
+
+def test_admin_resolve_actions_settle_unknown_messages_only(
+    admin_client: Client, db: Engine
+) -> None:
+    """Resolve as sent / as dead are delivery.ops.resolve: an unknown message is settled, any
+    other status is reported and left alone."""
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with transaction.atomic():
+        first = enqueue(channel="sms", to="+12015550108", payload={"body": "a"}, send_at=later)
+        second = enqueue(channel="sms", to="+12015550109", payload={"body": "b"}, send_at=later)
+        pending = enqueue(channel="sms", to="+12015550110", payload={"body": "c"}, send_at=later)
+    with db.begin() as conn:
+        conn.execute(
+            text("UPDATE delivery_messages SET status = 'unknown' WHERE id IN (:a, :b)"),
+            {"a": first.id, "b": second.id},
+        )
+    data = {"action": "resolve_sent", "_selected_action": [first.id, pending.id], "index": 0}
+    page = admin_client.post(ADMIN, data, follow=True).content.decode()
+    assert "Resolved 1 message(s)." in page
+    assert f"Not resolved {pending.key}: message is pending" in page
+    data = {"action": "resolve_dead", "_selected_action": [second.id], "index": 0}
+    assert "Resolved 1 message(s)." in admin_client.post(ADMIN, data, follow=True).content.decode()
+    assert [status_of(db, m.key) for m in (first, second, pending)] == ["sent", "dead", "pending"]
+
+
+def test_admin_actions_need_the_change_permission(db: Engine) -> None:
+    """A staff user who may only view messages sees the list but has no action to run."""
+    from django.contrib.auth.models import Permission
+
+    user = User.objects.create_user("viewer", "viewer@example.com", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_message"))
+    client = Client()
+    client.force_login(user)
+    page = client.get(ADMIN)
+    assert page.status_code == 200
+    assert 'value="redrive"' not in page.content.decode()
+
+
+def test_django_enqueue_takes_delivery_enqueue_keyword_arguments(db: Engine) -> None:
+    """contrib.django.enqueue has exactly delivery.enqueue's keyword arguments (names, kinds,
+    defaults, annotations) minus the session, plus using; type= works through it."""
+    import inspect
+
+    core = dict(inspect.signature(delivery.enqueue).parameters)
+    core.pop("session")
+    ours = dict(inspect.signature(enqueue).parameters)
+    assert ours.pop("using").default == "default"
+    assert list(ours) == list(core)
+    for name, parameter in core.items():
+        theirs = ours[name]
+        assert (theirs.kind, theirs.default, theirs.annotation) == (
+            parameter.kind,
+            parameter.default,
+            parameter.annotation,
+        ), name
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with transaction.atomic():
+        message = enqueue(type="otp", to="+12015550111", payload={"body": "1"}, send_at=later)
+    row = django_models.Message.objects.get(key=message.key)
+    assert (row.channel, row.message_type, row.priority) == ("sms", "otp", "urgent")

@@ -24,7 +24,7 @@ import delivery
 import delivery.pipeline.models
 import tasks  # noqa: F401  (installs the post-commit nudge in this process)
 from delivery.config.settings import BreakerConfig
-from delivery.guards.breaker import CircuitBreaker
+from delivery.guards.breaker import CircuitBreaker, Verdict
 from delivery.guards.redis_client import redis_client
 from delivery.testing.processes import ServiceProcess
 from tests.conftest import REDIS_URL, RUN_DIR, drained, free_port, wait_until
@@ -173,7 +173,7 @@ def test_flower_shows_a_parked_send_as_parked_and_counts_retries_across_republis
         "stub", BreakerConfig(failure_threshold=1, reset_timeout=2), client=redis_client(REDIS_URL)
     )
     breaker.reset()
-    breaker.record(breaker.allow(), "retryable")  # open, for everyone sharing Redis
+    breaker.record(breaker.allow(), Verdict.FAILURE)  # open, for everyone sharing Redis
     try:
         with Session(live) as session, session.begin():
             delivery.enqueue(

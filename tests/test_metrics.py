@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 from delivery.cli import main
 from delivery.config.loading import load_settings
 from delivery.config.settings import BreakerConfig
-from delivery.guards.breaker import BreakerState, BreakerTransition, CircuitBreaker
+from delivery.guards.breaker import BreakerState, BreakerTransition, CircuitBreaker, Verdict
 from delivery.guards.redis_client import redis_client
 from delivery.observability.events import Transition, emit
 from delivery.observability.metrics import OutboxCollector, WorkerMetrics, exporter_registry
@@ -172,6 +172,31 @@ def test_beat_relay_pass_feeds_the_batch_size_histogram(clean: Engine) -> None:
     relay_pass()
     after = worker_metrics.registry.get_sample_value("delivery_relay_batch_size_count")
     assert after == before + 1
+
+
+def test_beat_runs_the_relay_and_serves_its_metrics(clean: Engine, tmp_path: Path) -> None:
+    """A beat process alone (no worker) runs relay passes in its own threads and serves their
+    batch sizes on DELIVERY_BEAT_METRICS_PORT."""
+    from delivery.testing.processes import beat
+    from tests.conftest import free_port
+
+    port = free_port()
+    env = {**os.environ, "DELIVERY_BEAT_METRICS_PORT": str(port)}
+    proc = beat(tmp_path / "beat.log", tmp_path / "schedule", env=env).start()
+    try:
+
+        def passes() -> float:
+            try:
+                page = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+            except httpx.HTTPError:
+                return 0.0
+            found = re.search(r"^delivery_relay_batch_size_count (\S+)$", page, re.M)
+            return float(found.group(1)) if found else 0.0
+
+        wait_until(lambda: passes() >= 3, 30)
+    finally:
+        proc.stop()
+    assert "relay every" in proc.output()
 
 
 # --- alert rules --------------------------------------------------------------------------
@@ -322,7 +347,7 @@ def test_metrics_command_reads_the_outbox_and_breakers_on_each_scrape(clean: Eng
                 lease_expires_at=utcnow() + dt.timedelta(hours=1),
                 attempts=1,
             )
-            breaker.record(breaker.allow(), "retryable")
+            breaker.record(breaker.allow(), Verdict.FAILURE)
             assert breaker.status().state == "open"
 
             argv = [sys.executable, "-m", "delivery.cli", "metrics", "--port", "0"]
@@ -348,7 +373,7 @@ def test_metrics_command_reads_the_outbox_and_breakers_on_each_scrape(clean: Eng
             assert value(second, "delivery_dead_letter_messages", provider="stub") == 3
 
             frame = json.loads(CliRunner().invoke(main, ["watch", "--once", "--json"]).output)
-            assert frame["breakers"] == {"stub": "open"}
+            assert frame["breakers"] == {"stub": "open", "unguarded": "disabled"}
             assert frame["statuses"]["dead"] == 3
     finally:
         breaker.reset()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,3 +77,79 @@ def test_ruff_and_mypy_are_clean() -> None:
             [sys.executable, "-m", *argv], cwd=ROOT, capture_output=True, text=True
         )
         assert result.returncode == 0, result.stdout + result.stderr
+
+
+def pip_install_targets(text: str) -> list[str]:
+    """The requirement arguments of every ``pip install`` command in ``text`` (options and
+    what follows a shell operator left out)."""
+    import shlex
+
+    targets: list[str] = []
+    for match in re.finditer(r"pip install ([^\n`]*)", text):
+        try:
+            words = shlex.split(match.group(1), comments=True)
+        except ValueError:  # a quote closed on the next line: not a command
+            continue
+        for word in words:
+            if word in ("&&", ";", "|", "||", "\\"):
+                break
+            if not word.startswith("-"):
+                targets.append(word)
+    return targets
+
+
+def test_install_commands_name_this_distribution() -> None:
+    """Every ``pip install`` the project tells a user to run (README, bench, deploy, compose,
+    examples, messages in the package) installs this checkout (``.``) or the distribution
+    pyproject names, never another project's (``delivery`` on the index is someone else's),
+    with extras that pyproject declares; the distribution is installed under that name."""
+    import importlib.metadata
+    import tomllib
+
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    name, extras = project["name"], set(project["optional-dependencies"])
+    assert name == "delivery-outbox"
+    assert importlib.metadata.version(name) == project["version"]
+    files = [ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "docker-compose.yml"]
+    files += sorted((ROOT / "deploy").iterdir()) + sorted((ROOT / "examples").rglob("*"))
+    files += sorted((ROOT / "delivery").rglob("*.py"))
+    seen: dict[str, list[str]] = {}
+    for path in files:
+        if path.is_file() and "__pycache__" not in path.parts:
+            for target in pip_install_targets(path.read_text(errors="replace")):
+                seen.setdefault(target, []).append(str(path.relative_to(ROOT)))
+    assert "'delivery-outbox[flask]'" not in seen  # shlex took the quotes off
+    assert {"delivery-outbox[flask]", "delivery-outbox[django]", ".[flask]"} <= set(seen)
+    for target, where in seen.items():
+        dist = re.match(r"[A-Za-z0-9._-]*", target)
+        assert dist is not None
+        named = re.sub(r"[-_.]+", "-", dist.group(0)).lower()
+        if named in ("", ".") or "delivery" in named:
+            assert named in ("", ".", name), f"{where}: pip install {target} is not {name}"
+            wanted = re.search(r"\[([^\]]*)\]", target)
+            for extra in wanted.group(1).split(",") if wanted else []:
+                assert extra in extras, f"{where}: extra {extra!r} of {target}"
+
+
+def test_the_readme_install_lines_are_checked() -> None:
+    """The check above can fail: the README's old line names another project."""
+    for bad in ("pip install 'delivery[flask]'", "pip install delivery_outbox2"):
+        [target] = pip_install_targets(bad)
+        named = re.sub(r"[-_.]+", "-", re.match(r"[A-Za-z0-9._-]*", target).group(0)).lower()  # type: ignore[union-attr]
+        assert named != "delivery-outbox"
+
+
+def test_a_missing_extra_names_the_install_command() -> None:
+    """Importing the Flask or Django integration without its framework fails with the pip
+    command of this distribution's extra."""
+    for module, extra in (
+        ("delivery.contrib.flask", "flask"),
+        ("delivery.contrib.django", "django"),
+    ):
+        blocked = extra
+        code = f"import sys; sys.modules[{blocked!r}] = None; import {module}"
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True
+        )
+        assert result.returncode != 0
+        assert f"pip install 'delivery-outbox[{extra}]'" in result.stderr, result.stderr

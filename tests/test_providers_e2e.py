@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
 DB = f"{PG_DB}_adapters"
-SID = "AC00e2e00000000000000000000000e2e"
+SID = "AC00e2e000000000000000000000000e2e"
 SECRETS = {
     "E2E_TWILIO_TOKEN": "e2e-twilio-token-5ecret",
     "E2E_PIGEON_KEY": "e2e-pigeon-key-5ecret",
@@ -60,7 +60,7 @@ class Adapters:
             delivery.enqueue(session, settings=self.settings, send_at=soon, **kwargs)  # type: ignore[arg-type]
 
     def final(
-        self, key: str, timeout: float = 30.0
+        self, key: str, timeout: float = 120.0
     ) -> tuple[Message, list[tuple[str, str, str | None]]]:
         def done() -> bool:
             with self.engine.connect() as conn:
@@ -150,6 +150,7 @@ timeouts = {{ read = 2 }}      # pigeon's own default (45 s) would outlast send_
 [providers.hooks]
 kind = "webhook"
 secret_env = "E2E_WEBHOOK_SECRET"
+allow_networks = ["127.0.0.1/32"]   # the receiver is on loopback: allowlisted, as documented
 
 [channels.sms]
 provider = "twilio"            # no on_unknown: the twilio kind's default, lookup
@@ -200,6 +201,25 @@ def test_twilio_lost_answer_is_looked_up_not_sent_twice(adapters: Adapters) -> N
     ]
     assert len(adapters.twilio.sent("POST")) == 1 and len(adapters.twilio.sent("GET")) == 1
     adapters.assert_no_secrets_logged()
+
+
+def test_twilio_lost_answer_then_undelivered_ends_dead_with_twilios_code(
+    adapters: Adapters,
+) -> None:
+    """The answer is lost, and Twilio later reports the SMS undelivered with 30005 (unknown
+    handset): the lookup finds it, the message ends dead with 30005, and nothing is resent."""
+    adapters.twilio.push(Reply(drop=True))
+    to = "+12015550143"
+    adapters.twilio.reports[to] = ("undelivered", 30005)
+    adapters.enqueue(channel="sms", to=to, payload={"body": "Your code is 557101"}, key="e2e-dead")
+    message, attempts = adapters.final("e2e-dead")
+    assert (message.status, message.last_error_code) == ("dead", "30005")
+    assert attempts == [
+        ("send", "unknown", "NETWORK_RemoteProtocolError"),
+        ("lookup", "undeliverable", "30005"),
+    ]
+    assert len(adapters.twilio.sends_to(to)) == 1
+    assert to not in (message.last_error or "")
 
 
 def test_pigeon_deploy_and_lost_answer_is_one_email(adapters: Adapters) -> None:

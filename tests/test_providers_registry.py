@@ -20,7 +20,7 @@ from tests.provider_stubs import Reply, StubServer, settings_with
 README = Path(__file__).resolve().parents[1] / "README.md"
 TWILIO = {
     "kind": "twilio",
-    "account_sid": "AC123",
+    "account_sid": "AC0123456789abcdef0123456789abcdef",
     "auth_token_env": "TEST_TWILIO_TOKEN",
     "from_number": "+15005550006",
 }
@@ -139,7 +139,7 @@ def test_adapter_keys_become_options_and_others_are_errors(monkeypatch: pytest.M
     wrong type or an adapter's own check fails naming the dotted key."""
     config = settings_with({"t": TWILIO | {"lookup_window": 600}}).providers["t"]
     assert dict(config.options) == {
-        "account_sid": "AC123",
+        "account_sid": "AC0123456789abcdef0123456789abcdef",
         "auth_token_env": "TEST_TWILIO_TOKEN",
         "from_number": "+15005550006",
         "lookup_window": 600.0,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import datetime as dt
 import json
 import logging
 import socket
@@ -11,12 +12,13 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from standardwebhooks.webhooks import Webhook
 
 from delivery.errors import ConfigError
 from delivery.pipeline.outcomes import Delivered, LookupFailed, Permanent, Retryable, Unknown
 from delivery.providers import Envelope
 from delivery.providers.webhook import decode_secrets, sign
-from tests.provider_stubs import Reply, WebhookReceiver, provider_from, verify_standard_webhook
+from tests.provider_stubs import Reply, WebhookReceiver, provider_from
 
 SECRET = "whsec_" + base64.b64encode(b"webhook-signing-key-0123456789ab").decode()
 PAYLOAD = {"event": "order.paid", "order": 42, "note": "café"}
@@ -33,8 +35,11 @@ def secret(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TEST_WEBHOOK_SECRET", SECRET)
 
 
+LOOPBACK_RECEIVER = {"allow_networks": ["127.0.0.1/32"]}  # the documented way for internal ones
+
+
 def hooks(**extra: Any) -> Any:
-    table = {"kind": "webhook", "secret_env": "TEST_WEBHOOK_SECRET", **extra}
+    table = {"kind": "webhook", "secret_env": "TEST_WEBHOOK_SECRET", **LOOPBACK_RECEIVER, **extra}
     return provider_from(table)
 
 
@@ -72,18 +77,22 @@ def test_delivery_is_signed_json_with_our_key_as_webhook_id(receiver: WebhookRec
 
 @pytest.mark.parametrize(
     "secret_value",
-    [SECRET, "a-plain-shared-secret"],
-    ids=["whsec_base64", "plain"],
+    [SECRET, SECRET.rstrip("="), "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"],
+    ids=["padded", "unpadded", "spec_example_24_bytes"],
 )
-def test_both_secret_forms_verify(monkeypatch: pytest.MonkeyPatch, secret_value: str) -> None:
-    """A whsec_ secret signs with its decoded bytes, any other value with its UTF-8 bytes;
-    a receiver holding the same secret verifies both."""
+def test_reference_library_verifies_our_signature(
+    monkeypatch: pytest.MonkeyPatch, secret_value: str
+) -> None:
+    """A receiver using the reference library (standardwebhooks.Webhook(secret).verify) with
+    the same whsec_ secret, padded or not, verifies what we send and gets the payload back."""
     monkeypatch.setenv("TEST_WEBHOOK_SECRET", secret_value)
     with WebhookReceiver(secret_value) as receiver:
         provider = hooks()
         assert provider.send(hook(receiver)) == Delivered(None, 204)
         provider.close()
+        [request] = receiver.sent()
         assert receiver.verified == [True]
+        assert Webhook(secret_value).verify(request.body, request.headers) == PAYLOAD
 
 
 def test_rotation_signs_with_every_secret(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -103,7 +112,8 @@ def test_wrong_secret_is_refused_by_the_receiver(
     receiver: WebhookReceiver, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The receiver's check is real: a request signed with another secret fails (401, final)."""
-    monkeypatch.setenv("TEST_WEBHOOK_SECRET", "not-the-secret")
+    other = "whsec_" + base64.b64encode(b"another-key-than-the-receiver's").decode()
+    monkeypatch.setenv("TEST_WEBHOOK_SECRET", other)
     provider = hooks()
     outcome = provider.send(hook(receiver))
     provider.close()
@@ -160,7 +170,7 @@ def test_retries_keep_the_id_and_sign_a_fresh_timestamp(receiver: WebhookReceive
     """Every attempt carries the same webhook-id and its own, verifiable signature."""
     receiver.push(Reply(503))
     clock = iter([1_700_000_000.0, time.time()])
-    table = {"kind": "webhook", "secret_env": "TEST_WEBHOOK_SECRET"}
+    table = {"kind": "webhook", "secret_env": "TEST_WEBHOOK_SECRET", **LOOPBACK_RECEIVER}
     from delivery.providers.webhook import WebhookProvider
     from tests.provider_stubs import settings_with
 
@@ -173,7 +183,10 @@ def test_retries_keep_the_id_and_sign_a_fresh_timestamp(receiver: WebhookReceive
     a, b = receiver.sent()
     assert a.headers["webhook-id"] == b.headers["webhook-id"] == "order-42:paid"
     assert a.headers["webhook-timestamp"] == "1700000000" != b.headers["webhook-timestamp"]
-    assert verify_standard_webhook(SECRET, a.headers, a.body, tolerance=10**10)
+    signed_then = Webhook(SECRET).sign(
+        "order-42:paid", dt.datetime.fromtimestamp(1_700_000_000, dt.UTC), a.body.decode()
+    )
+    assert a.headers["webhook-signature"] == signed_then  # the reference library's signature
     assert receiver.receipts == {"order-42:paid": 1}
 
 
@@ -194,20 +207,60 @@ def test_read_timeout_is_unknown_and_refused_connection_is_retryable(
     assert isinstance(refused, Retryable) and refused.code == "NETWORK_ConnectError"
 
 
-@pytest.mark.parametrize("value", [None, "", "whsec_not*base64"])
+BAD_SECRETS = {
+    "plain": "a-plain-shared-secret-of-enough-length",
+    "not_base64": "whsec_not*base64",
+    "short": "whsec_" + base64.b64encode(b"only-23-bytes-of-secret").decode(),
+    "urlsafe_alphabet": "whsec_" + base64.urlsafe_b64encode(b"\xfb" * 30).decode(),
+    "one_good_one_bad": SECRET + " whsec_c2hvcnQ=",
+}
+
+
+@pytest.mark.parametrize(
+    "value", [None, "", *BAD_SECRETS.values()], ids=["unset", "empty", *BAD_SECRETS]
+)
 def test_no_usable_secret_sends_nothing(
     receiver: WebhookReceiver, monkeypatch: pytest.MonkeyPatch, value: str | None
 ) -> None:
-    """Without a usable secret nothing goes out unsigned: permanent NO_CREDENTIALS."""
-    if value is None:
-        monkeypatch.delenv("TEST_WEBHOOK_SECRET")
-    else:
+    """Without a usable secret (unset, empty, not whsec_ + base64, under 24 bytes) nothing goes
+    out unsigned: permanent NO_CREDENTIALS naming providers.p.secret_env."""
+    from delivery.providers.webhook import WebhookProvider
+    from tests.provider_stubs import settings_with
+
+    monkeypatch.delenv("TEST_WEBHOOK_SECRET")  # settings load where the secret is not held
+    table = {"kind": "webhook", "secret_env": "TEST_WEBHOOK_SECRET", **LOOPBACK_RECEIVER}
+    config = settings_with({"p": table}).providers["p"]
+    if value is not None:  # ... and the worker holds a bad one
         monkeypatch.setenv("TEST_WEBHOOK_SECRET", value)
-    provider = hooks()
+    provider = WebhookProvider(config)
     outcome = provider.send(hook(receiver))
     provider.close()
     assert isinstance(outcome, Permanent) and outcome.code == "NO_CREDENTIALS"
+    assert "providers.p.secret_env" in outcome.reason
     assert receiver.requests == []
+
+
+@pytest.mark.parametrize("value", ["", *BAD_SECRETS.values()], ids=["empty", *BAD_SECRETS])
+def test_a_malformed_secret_is_a_config_error_naming_the_key(
+    monkeypatch: pytest.MonkeyPatch, value: str
+) -> None:
+    """A process that holds a malformed secret fails when settings load, with a ConfigError
+    naming providers.p.secret_env (and the secret itself is not in the message)."""
+    monkeypatch.setenv("TEST_WEBHOOK_SECRET", value)
+    with pytest.raises(ConfigError) as err:
+        hooks()
+    assert err.value.key == "providers.p.secret_env"
+    assert "TEST_WEBHOOK_SECRET" in str(err.value)
+    for secret in value.split():
+        assert secret not in str(err.value)
+
+
+def test_secret_decoding_matches_the_reference_library() -> None:
+    """Every secret we accept decodes to the very key the reference library uses."""
+    for value in (SECRET, SECRET.rstrip("="), "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"):
+        [key] = decode_secrets(value)
+        assert key == Webhook(value)._whsecret
+        assert len(key) >= 24
 
 
 def test_config_needs_secret_env_but_no_base_url() -> None:

@@ -5,7 +5,11 @@ PostgreSQL, Redis, two stub providers over HTTP):
   secret (read raw from Redis, and from RabbitMQ with ``basic_get``, before any worker runs);
 - provider secrets come from the environment (``api_key_env``), reach their own provider only,
   and never appear in the worker or beat logs, ``delivery show`` or task messages;
-- keys and recipients full of SQL and shell metacharacters are stored and sent verbatim.
+- keys and recipients full of SQL and shell metacharacters are stored and sent verbatim;
+- a provider's error text that names the recipient (any spelling) reaches no worker or beat
+  log, no Flower page, nothing the broker carries and no CLI output (on the suite's worker
+  and Flower); the answers that used to leave a row in ``sending`` (a 300-character code, a
+  huge Retry-After) end it properly.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import os
 import secrets
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,6 +31,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 import delivery
+from delivery.pipeline.bounds import MAX_RETRY_AFTER
+from delivery.pipeline.models import utcnow
+from delivery.pipeline.validation import payload_hash
 from delivery.testing.processes import stub_provider
 from delivery.testing.stub_provider import StubClient
 from tests.chaos_cluster import (
@@ -37,6 +45,8 @@ from tests.chaos_cluster import (
     free_port,
     message_for,
 )
+from tests.conftest import BROKER_URL, RUN_DIR, drained, wait_until
+from tests.test_flower import Flower, tasks_by_id
 
 pytestmark = pytest.mark.integration
 
@@ -294,3 +304,218 @@ def test_metacharacters_are_stored_and_sent_verbatim(run: SecureRun) -> None:
         assert run.rows[key] == to
         assert sent[key] == to
     assert NASTY_KEYS[0] in run.show[NASTY_KEYS[0]]
+
+
+# --- provider errors that name the recipient: nothing outside the outbox (G6, G7) ----------
+#
+# These run on the suite's own worker and beat (tests/conftest.py: worker at --loglevel INFO)
+# and Flower (tests/test_flower.py), with the stub answering errors whose text names the
+# recipient, in several spellings.
+
+LEAKS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    # key: (channel, recipient, the stub's answer to it)
+    "pii-twilio": (
+        "sms",
+        "+12015550461",
+        {
+            "status": 400,
+            "json": {
+                "code": 21211,
+                "message": "The 'To' number +12015550461 is not a valid phone number.",
+            },
+        },
+    ),
+    "pii-long-code": (
+        "email",
+        "pii.leak.one@example.com",
+        {
+            "status": 422,
+            "json": {
+                "code": "MAILBOX_pii.leak.one@example.com_" + "X" * 300,
+                "message": "Mailbox pii.leak.one@example.com does not exist",
+            },
+        },
+    ),
+    "pii-retry": (
+        "sms",
+        "+12015550462",
+        {"status": 503, "json": {"code": "UPSTREAM", "message": "carrier down for (201) 555-0462"}},
+    ),
+    "pii-hook": (
+        "webhook",
+        "https://hooks.example.com/pii/secret-path-77?token=t0p",
+        {
+            "status": 400,
+            "json": {
+                "code": "BAD_RECEIVER",
+                "message": "POST https://hooks.example.com/pii/secret-path-77?token=t0p refused",
+            },
+        },
+    ),
+}
+#: Every spelling of the recipients above that must not appear anywhere.
+NEEDLES = [
+    "+12015550461",
+    "2015550461",
+    "+12015550462",
+    "2015550462",
+    "555-0462",
+    "pii.leak.one",
+    "secret-path-77",
+    "token=t0p",
+]
+
+
+class BrokerTap:
+    """Redis MONITOR on the broker's server while the run lasts: every task message pushed
+    and every event published (task-failed included), as the broker saw them."""
+
+    def __init__(self, url: str) -> None:
+        import redis
+
+        if not url.startswith("redis"):
+            pytest.skip("the broker tap reads a Redis broker (DELIVERY_TEST_BROKER_URL is not)")
+        self._client = redis.Redis.from_url(url)
+        self.lines: list[str] = []
+        self._stop = False
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        with self._client.monitor() as monitor:
+            self._ready.set()
+            for command in monitor.listen():
+                self.lines.append(str(command.get("command", "")))
+                if self._stop:
+                    return
+
+    def __enter__(self) -> BrokerTap:
+        self._thread.start()
+        self._ready.wait(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop = True
+        self._client.ping()  # one more command wakes the listener up
+        self._thread.join(10)
+        self._client.close()
+
+
+def _payload(channel: str) -> dict[str, Any]:
+    return {"body": "Your code is 482901"} if channel != "webhook" else {"e": 1}
+
+
+def _cli(*args: str) -> str:
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+
+    result = CliRunner().invoke(main, list(args))
+    assert result.exit_code in (0, 1), (args, result.output)
+    return result.output
+
+
+def test_provider_errors_naming_the_recipient_leave_no_trace(
+    live: Any, stub: Any, tmp_path: Any
+) -> None:
+    """Real worker, beat and Flower; the provider answers errors whose text names the
+    recipient (Twilio's 21211 text, a 300-character code, a retried 503, a webhook URL): the
+    worker and beat logs at INFO, Flower's API, everything the broker carried, and every CLI
+    command's output hold none of the recipients, and every message still ends ``dead``."""
+    flower = Flower(tmp_path / "flower.db")
+    try:
+        flower.wait_for_worker()
+        stub.set_faults(rules={to: answer for _ch, to, answer in LEAKS.values()})
+        with BrokerTap(BROKER_URL) as tap, Session(live) as session:
+            with session.begin():
+                for key, (channel, to, _answer) in LEAKS.items():
+                    delivery.enqueue(
+                        session, channel=channel, to=to, payload=_payload(channel), key=key
+                    )
+            assert drained(live, len(LEAKS), timeout=90) == {"dead": len(LEAKS)}
+            wait_until(
+                lambda: all(
+                    tasks_by_id(flower.client).get(k, {}).get("state") == "FAILURE" for k in LEAKS
+                ),
+                30,
+            )
+        flower_text = json.dumps(tasks_by_id(flower.client)) + "".join(
+            flower.client.get(f"/api/task/info/{key}").text for key in LEAKS
+        )
+    finally:
+        flower.close()
+    broker_text = "\n".join(tap.lines)
+    logs = "".join(
+        p.read_text(errors="replace") for p in (RUN_DIR / "worker.log", RUN_DIR / "beat.log")
+    )
+    cli = {
+        " ".join(args): _cli(*args)
+        for args in (
+            ("stats",),
+            ("stats", "--json", "--by-provider"),
+            ("dead",),
+            ("dead", "--json"),
+            ("watch", "--once"),
+            ("watch", "--once", "--json"),
+            ("redrive", "--dry-run", *LEAKS),
+            *(("show", key) for key in LEAKS),
+            *(("show", key, "--json") for key in LEAKS),
+        )
+    }
+    # The scans read the right things: the run's keys and codes are there.
+    assert all(key in logs and key in flower_text and key in broker_text for key in LEAKS)
+    assert "DeadLettered" in flower_text and "21211" in flower_text
+    assert all(key in cli["dead --json"] for key in LEAKS)
+    assert "attempts exhausted" in cli["show pii-retry --json"]
+    assert "HTTP Request:" not in logs  # httpx's INFO lines (URLs, query strings) stay out
+    sources = {"worker/beat log": logs, "flower": flower_text, "broker": broker_text, **cli}
+    hits = [(where, n) for where, text_ in sources.items() for n in NEEDLES if n in text_]
+    assert hits == []
+    # The payload hash is not shown: an OTP could be found from it by guessing.
+    hashes = [payload_hash(ch, to, _payload(ch)) for ch, to, _answer in LEAKS.values()]
+    with live.connect() as conn:
+        stored = set(conn.scalars(text("SELECT payload_hash FROM delivery_messages")))
+    assert stored == set(hashes)  # the hashes looked for are really the stored ones
+    assert not [h for h in hashes for out in cli.values() if h in out]
+
+
+def test_the_reported_answers_do_not_leave_a_message_in_sending(live: Any, stub: Any) -> None:
+    """A 400 with a 300-character code ends ``dead`` with the code cut to its column, and a
+    503 with ``Retry-After: 999999999999`` parks the message for one day (the clamp), on the
+    real worker and PostgreSQL: neither is left in ``sending``."""
+    long_code = "E" * 300
+    stub.set_faults(
+        rules={"+12015550471": {"status": 400, "json": {"code": long_code}}},
+        fail_first=1,
+        error_status=503,
+        error_html=False,
+        retry_after=999999999999,
+    )
+    with Session(live) as session, session.begin():
+        # The stub's first answer (fail_first) goes to whichever request comes first: the
+        # message to +12015550471 is answered by its rule either way.
+        delivery.enqueue(
+            session, channel="sms", to="+12015550472", payload={"body": "a"}, key="clamp-1"
+        )
+    wait_until(lambda: _status(live, "clamp-1")[0] == "pending", 60)
+    with Session(live) as session, session.begin():
+        delivery.enqueue(
+            session, channel="sms", to="+12015550471", payload={"body": "b"}, key="long-code-1"
+        )
+    wait_until(lambda: _status(live, "long-code-1")[0] == "dead", 60)
+    status, _code, due = _status(live, "clamp-1")
+    wait = (due - utcnow()).total_seconds()
+    assert status == "pending" and MAX_RETRY_AFTER - 120 < wait <= MAX_RETRY_AFTER
+    assert _status(live, "long-code-1")[1] == long_code[:63] + "…"
+
+
+def _status(engine: Any, key: str) -> tuple[str, str | None, Any]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            text(
+                "SELECT status, last_error_code, next_attempt_at FROM delivery_messages "
+                "WHERE key = :key"
+            ),
+            {"key": key},
+        ).one_or_none()
+    return (row[0], row[1], row[2]) if row is not None else ("", None, None)

@@ -36,7 +36,7 @@ __all__ = ["main", "parse_since"]
 
 
 @click.group(cls=DeliveryGroup)
-@click.version_option(package_name="delivery")
+@click.version_option(package_name="delivery-outbox")
 def main() -> None:
     """Transactional outbox for SMS, email and webhooks: inspect and repair messages."""
 

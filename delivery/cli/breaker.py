@@ -55,19 +55,24 @@ def _breakers() -> Iterator[Breakers]:
 @breaker_group.command("status")
 @click.option("--json", "as_json", is_flag=True, help="A JSON list, one object per provider.")
 def breaker_status(as_json: bool) -> None:
-    """Show each provider's breaker: state (closed, open, half-open), failures in the window,
-    next probe time."""
+    """Show each provider's breaker: state (closed, open, half-open), failures and calls in the
+    window, next probe time."""
     with _breakers() as breakers:
         rows = breaker_rows(breakers)
     if as_json:
         echo_json([row.as_dict() for row in rows])
         return
-    table = new_table("provider", "state", "failures in window", "next probe (UTC)", "probe")
+    table = new_table(
+        "provider", "state", "failures / calls in window", "next probe (UTC)", "probe"
+    )
     for row in rows:
         table.add_row(
             cell(row.provider),
             cell(row.state),
-            cell(f"{row.failures}/{row.failure_threshold} in {row.window:g} s"),
+            cell(
+                f"{row.failures}/{row.calls} in {row.window:g} s "
+                f"(opens at {row.failure_rate:.0%} of >= {row.minimum_calls})"
+            ),
             cell(row.next_probe_at),
             cell("in flight" if row.probe_in_flight else None),
         )

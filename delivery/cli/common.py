@@ -5,6 +5,10 @@ Settings come from ``delivery.config.loading.load_settings()`` (``DELIVERY_DATAB
 or a ``DeliveryError`` prints ``error: ...`` on stderr and exits 2, without a traceback
 (``DeliveryGroup``). Tables are rich tables whose cells are never parsed as markup; JSON goes
 to stdout in one line; progress bars go to stderr so that ``--json`` output stays clean.
+
+Nothing a command prints can drive the terminal: ``cell``, ``echo`` and the error lines
+replace control characters (escape sequences, bidi overrides, ...) with spaces, and
+``echo_json`` writes them as JSON escapes (the same JSON value).
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ from sqlalchemy.orm import Session
 from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
 from delivery.errors import DeliveryError
+from delivery.pipeline.bounds import printable
 from delivery.pipeline.models import utcnow
 from delivery.runtime.db import make_engine, make_sessionmaker
 
@@ -39,6 +44,7 @@ __all__ = [
     "age",
     "cell",
     "current_settings",
+    "echo",
     "echo_json",
     "host_port_options",
     "new_console",
@@ -63,10 +69,10 @@ class DeliveryGroup(click.Group):
         try:
             return super().invoke(ctx)
         except DeliveryError as exc:
-            click.echo(f"error: {exc}", err=True)
+            echo(f"error: {exc}", err=True)
             ctx.exit(2)
         except (OperationalError, ProgrammingError) as exc:
-            click.echo(
+            echo(
                 f"error: database: {exc.orig} (is it reachable, and migrated with "
                 "`delivery db upgrade`?)",
                 err=True,
@@ -148,7 +154,7 @@ def cell(value: object) -> Text:
         return Text("-", style="dim")
     if isinstance(value, dt.datetime):
         return Text(value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"))
-    return Text(str(value))
+    return Text(printable(str(value)))
 
 
 def new_table(*headers: str) -> Table:
@@ -159,8 +165,20 @@ def new_table(*headers: str) -> Table:
     return table
 
 
+def echo(text: str, *, err: bool = False) -> None:
+    """``click.echo`` of one line, control characters replaced by spaces."""
+    click.echo(printable(text), err=err)
+
+
+_UNSAFE_IN_JSON = re.compile(
+    "[\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ud800-\udfff]"
+)
+
+
 def echo_json(value: Any) -> None:
-    click.echo(json.dumps(value, ensure_ascii=False))
+    """One line of JSON; characters that could drive a terminal are written as escapes."""
+    text = json.dumps(value, ensure_ascii=False)  # escapes C0 itself
+    click.echo(_UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
 
 
 def age(seconds: float | None) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Sequence
+from typing import Any
 
 import click
 from rich.table import Table
@@ -69,7 +70,7 @@ def _messages_table(messages: Sequence[Message], title: str) -> Table:
             cell(f"{message.attempts}/{message.max_attempts}"),
             cell(message.last_error_code),
             cell(message.updated_at),
-            cell(message.last_error),
+            cell(fields["last_error"]),
         )
     return table
 
@@ -92,9 +93,12 @@ def dead_command(since: dt.datetime | None, code: str | None, limit: int, as_jso
     new_console().print(_messages_table(messages, f"{len(messages)} dead"))
 
 
-def _timeline_table(events: Sequence[ops.Event]) -> Table:
+def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]) -> Table:
     """Attempts numbered across redrives (``#``), each with its try number within its round,
-    and the operator actions (redrive, resolve, ...) between them."""
+    and the operator actions (redrive, resolve, ...) between them. ``shown`` are the attempts'
+    dicts (``ops.attempt_dict``: error text masked); their error is printed, never the raw
+    stored text."""
+    errors = {fields["id"]: fields["error"] for fields in shown}
     table = new_table(
         "#", "round", "when (UTC)", "what", "outcome", "http", "code", "ms", "error / detail"
     )
@@ -112,7 +116,7 @@ def _timeline_table(events: Sequence[ops.Event]) -> Table:
                 cell(attempt.http_status),
                 cell(attempt.error_code),
                 cell(latency),
-                cell(attempt.error),
+                cell(errors.get(attempt.id)),
             )
         elif action is not None:
             moved = f"{action.from_status} -> {action.to_status}" if action.from_status else None
@@ -158,6 +162,6 @@ def show(ref: str, as_json: bool, reveal: bool) -> None:
     console = new_console()
     console.print(grid)
     if events:
-        console.print(_timeline_table(events))
+        console.print(_timeline_table(events, data["attempts"]))
     else:
         console.print("no attempts yet")

@@ -13,6 +13,7 @@ import click
 from delivery import ops
 from delivery.cli.common import (
     cell,
+    echo,
     echo_json,
     new_console,
     new_table,
@@ -106,14 +107,14 @@ def redrive_command(
         done = "would redrive" if dry_run else "redriven"
         for row in rows:
             if row["redriven"] or row.get("would_redrive"):
-                click.echo(
+                echo(
                     f"{done} {row['ref']}: message {row['id']} (key {row['key']!r}) "
                     f"{row['from_status']} -> pending"
                 )
             elif row["id"] is None:
-                click.echo(f"not found {row['ref']}: {row['reason']}", err=True)
+                echo(f"not found {row['ref']}: {row['reason']}", err=True)
             else:
-                click.echo(
+                echo(
                     f"not redriven {row['ref']}: message {row['id']} "
                     f"(key {row['key']!r}): {row['reason']}",
                     err=True,
@@ -169,7 +170,7 @@ def _redrive_all_dead(
     click.echo(f"redriven {redriven} of {len(ids)} dead messages")
     for row in rows:
         if not row["redriven"]:
-            click.echo(f"not redriven {row['ref']} (key {row['key']!r}): {row['reason']}", err=True)
+            echo(f"not redriven {row['ref']} (key {row['key']!r}): {row['reason']}", err=True)
     if redriven != len(ids):
         raise SystemExit(1)
 
@@ -195,12 +196,12 @@ def resolve_command(ref: str, to_status: str, as_json: bool) -> None:
     if as_json:
         echo_json(asdict(result))
     elif result.resolved:
-        click.echo(
+        echo(
             f"resolved {ref}: message {result.id} (key {result.key!r}) "
             f"{result.from_status} -> {result.to_status}"
         )
     else:
-        click.echo(f"not resolved {ref}: {result.reason}", err=True)
+        echo(f"not resolved {ref}: {result.reason}", err=True)
     if not result.resolved:
         raise SystemExit(1)
 
@@ -224,10 +225,8 @@ def cancel_command(refs: tuple[str, ...], as_json: bool) -> None:
     else:
         for r in results:
             if r.cancelled:
-                click.echo(
-                    f"cancelled {r.ref}: message {r.id} (key {r.key!r}) pending -> cancelled"
-                )
+                echo(f"cancelled {r.ref}: message {r.id} (key {r.key!r}) pending -> cancelled")
             else:
-                click.echo(f"not cancelled {r.ref}: message {r.id}: {r.reason}", err=True)
+                echo(f"not cancelled {r.ref}: message {r.id}: {r.reason}", err=True)
     if not all(result.cancelled for result in results):
         raise SystemExit(1)

@@ -38,7 +38,8 @@ def _breaker_states(settings: Settings, breakers: Breakers | None) -> dict[str, 
     states: dict[str, str] = {}
     for name in settings.providers:
         status = breakers.get(name).status()
-        states[name] = state_name(status.state) if status.source == "redis" else "unreachable"
+        shared = status.source == "redis" or status.state == "disabled"
+        states[name] = state_name(status.state) if shared else "unreachable"
     return states
 
 

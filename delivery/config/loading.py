@@ -2,22 +2,31 @@
 
 Environment:
 
-- ``DELIVERY_DATABASE_URL``: SQLAlchemy URL of the outbox (default: SQLite in ``./.delivery``).
-- ``DELIVERY_BROKER_URL``: Celery broker (default: a file broker in ``./.delivery/broker``).
+- ``DELIVERY_DATABASE_URL``: SQLAlchemy URL of the outbox; ``postgres://`` and
+  ``postgresql://`` get the installed driver (``postgresql+psycopg://``).
+- ``DELIVERY_BROKER_URL``: Celery broker.
 - ``DELIVERY_REDIS_URL``: Redis for shared state such as the circuit breaker (optional).
+
+With none of these three set, the embedded default applies: a SQLite outbox and a file broker
+in ``DELIVERY_HOME`` (``./.delivery``). Once one is set, the database and the broker must both
+be: a half-configured process (say, an app with a database URL but no broker, which would
+publish to a file no worker reads) fails at start-up with a ``ConfigError`` naming the missing
+variable.
 - ``DELIVERY_CONFIG``: path of a TOML file with the sections below (optional).
 
 TOML (every section optional; unknown keys are errors that name the key)::
 
     [delivery]          # max_attempts, max_payload_bytes, relay_interval, relay_batch,
-                        # dispatch_lease, send_lease, sweep_interval, max_countdown
+                        # dispatch_lease, send_lease, hold_lease, sweep_interval,
+                        # max_countdown
     [backoff]           # base, cap (seconds)
     [timeouts]          # connect, write, read, pool (seconds), defaults for every provider
     [providers.NAME]    # kind = "http", base_url, api_key_env, [providers.NAME.timeouts],
                         # plus the adapter's own keys (config.options); kind is a built-in
                         # kind, an entry point or "package.module:Class" (delivery.providers)
-    [providers.NAME.breaker]  # failure_threshold, window, reset_timeout, success_threshold,
-                              # on_redis_error = "local" | "allow"
+    [providers.NAME.breaker]  # failure_rate, minimum_calls, consecutive_failures,
+                              # failure_threshold, window, reset_timeout, half_open_probes,
+                              # enabled, on_redis_error = "local" | "allow"
     [channels.NAME]     # NAME in sms | email | webhook; provider, on_unknown, max_attempts
     [types.NAME]        # channel, provider, on_unknown, max_attempts, priority, ttl, [backoff]
 
@@ -27,6 +36,7 @@ extra keys its table takes. Nothing here reads ``os.environ`` at import time.
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -48,11 +58,17 @@ from delivery.config.settings import (
     Settings,
     Timeouts,
 )
+from delivery.config.urls import database_url_for
 from delivery.errors import ConfigError
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.registry import adapter_for
 
-__all__ = ["load_settings", "settings_from_mapping"]
+__all__ = [
+    "REQUIRED_VARIABLES",
+    "SERVICE_VARIABLES",
+    "load_settings",
+    "settings_from_mapping",
+]
 
 _TOP = {"delivery", "backoff", "timeouts", "providers", "channels", "types"}
 _TUNING: dict[str, type] = {
@@ -62,6 +78,7 @@ _TUNING: dict[str, type] = {
     "relay_batch": int,
     "dispatch_lease": float,
     "send_lease": float,
+    "hold_lease": float,
     "sweep_interval": float,
     "max_countdown": float,
 }
@@ -114,12 +131,25 @@ def _policy(value: Any, key: str) -> UnknownPolicy:
 def _breaker(table: Mapping[str, Any], where: str) -> BreakerConfig:
     _only(table, set(BreakerConfig.__dataclass_fields__), where)
     values: dict[str, Any] = {}
-    for key in ("failure_threshold", "success_threshold"):
+    for key, least in (
+        ("minimum_calls", 1),
+        ("half_open_probes", 1),
+        ("consecutive_failures", 0),
+        ("failure_threshold", 0),
+    ):
         if key in table:
-            values[key] = _number(table[key], f"{where}{key}", int, 1)
-    for key in ("window", "reset_timeout"):
+            values[key] = _number(table[key], f"{where}{key}", int, least)
+    for key in ("window", "reset_timeout", "failure_rate"):
         if key in table:
             values[key] = _number(table[key], f"{where}{key}", float, 0.001)
+            if not math.isfinite(values[key]):
+                raise ConfigError(f"{where}{key}", "must be a finite number")
+    if values.get("failure_rate", 0.0) > 1.0:
+        raise ConfigError(f"{where}failure_rate", "must be <= 1 (a share of the calls: 0.5 is 50%)")
+    if "enabled" in table:
+        if not isinstance(table["enabled"], bool):
+            raise ConfigError(f"{where}enabled", "must be true or false")
+        values["enabled"] = table["enabled"]
     if "on_redis_error" in table:
         choice = table["on_redis_error"]
         if choice not in ON_REDIS_ERROR:
@@ -278,6 +308,13 @@ def settings_from_mapping(
         home=home,
         **values,
     )
+    if settings.hold_lease >= settings.send_lease:
+        if "hold_lease" in values:
+            raise ConfigError(
+                "delivery.hold_lease",
+                f"must be below delivery.send_lease ({settings.send_lease:g} s)",
+            )
+        settings = settings.with_(hold_lease=settings.send_lease / 2)  # a short send_lease
     for provider in providers.values():
         if settings.send_lease <= provider.timeouts.total:
             raise ConfigError(
@@ -305,12 +342,30 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
             raise ConfigError("DELIVERY_CONFIG", f"file {path!r} does not exist") from None
         except tomllib.TOMLDecodeError as exc:
             raise ConfigError("DELIVERY_CONFIG", f"{path!r} is not valid TOML: {exc}") from None
-    database_url = env.get("DELIVERY_DATABASE_URL") or f"sqlite:///{home}/outbox.sqlite3"
-    broker_url = env.get("DELIVERY_BROKER_URL") or "filesystem://"
+    given = {name: env.get(name) or None for name in SERVICE_VARIABLES}
+    if not any(given.values()):  # nothing configured: the embedded default
+        database_url, broker_url = f"sqlite:///{home}/outbox.sqlite3", "filesystem://"
+    else:
+        for name in REQUIRED_VARIABLES:
+            if given[name] is None:
+                others = ", ".join(n for n, v in given.items() if v)
+                raise ConfigError(
+                    name,
+                    f"is not set while {others} is: set it too (the embedded default, "
+                    "a SQLite outbox and a file broker, applies only when none is set)",
+                )
+        database_url = database_url_for(str(given["DELIVERY_DATABASE_URL"]))
+        broker_url = str(given["DELIVERY_BROKER_URL"])
     return settings_from_mapping(
         data,
         database_url=database_url,
         broker_url=broker_url,
-        redis_url=env.get("DELIVERY_REDIS_URL") or None,
+        redis_url=given["DELIVERY_REDIS_URL"],
         home=home,
     )
+
+
+#: The variables that name the services; with none set, the embedded default applies.
+SERVICE_VARIABLES = ("DELIVERY_DATABASE_URL", "DELIVERY_BROKER_URL", "DELIVERY_REDIS_URL")
+#: Once one of them is set, these must be too (Redis stays optional).
+REQUIRED_VARIABLES = ("DELIVERY_DATABASE_URL", "DELIVERY_BROKER_URL")

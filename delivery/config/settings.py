@@ -63,20 +63,29 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
-    """A provider's circuit breaker (``delivery.guards.breaker``). The defaults open it on an
-    outage, not on a blip (five transient failures inside a minute) and probe again after
-    thirty seconds.
+    """A provider's circuit breaker (``delivery.guards.breaker``, whose docstring has the
+    reasoning behind these defaults). It opens on an outage, not on a provider that mostly
+    works: 30% of answers lost or 15% of 503s leave it closed.
 
-    ``failure_threshold`` transient failures inside ``window`` seconds open it; after
-    ``reset_timeout`` seconds one probe may go; ``success_threshold`` probe successes close
-    it. ``on_redis_error``: ``local`` (each process keeps its own breaker while Redis is
-    unreachable) or ``allow`` (send without a breaker meanwhile).
+    Closed -> open when, among the calls of the last ``window`` seconds, transient failures
+    are at least ``failure_rate`` of at least ``minimum_calls`` calls; or after
+    ``consecutive_failures`` transient failures in a row (a dead provider, at any volume; 0
+    turns it off); or, if ``failure_threshold`` is above 0, after that many failures in the
+    window whatever the volume (for low-volume senders). After ``reset_timeout`` seconds it
+    lets ``half_open_probes`` probes go, one at a time, and closes as soon as their failure
+    rate can no longer reach ``failure_rate``, or reopens as soon as it cannot fall below it.
+    ``enabled = False`` sends without a breaker. ``on_redis_error``: ``local`` (each process
+    keeps its own breaker while Redis is unreachable) or ``allow`` (send without one meanwhile).
     """
 
-    failure_threshold: int = 5
+    failure_rate: float = 0.5
+    minimum_calls: int = 40
+    consecutive_failures: int = 10
+    failure_threshold: int = 0
     window: float = 60.0
     reset_timeout: float = 30.0
-    success_threshold: int = 2
+    half_open_probes: int = 5
+    enabled: bool = True
     on_redis_error: str = "local"
 
 
@@ -141,6 +150,7 @@ class Settings:
     relay_batch: int = 500
     dispatch_lease: float = 120.0
     send_lease: float = 60.0
+    hold_lease: float = 10.0  # a held message whose worker stopped renewing comes back then
     sweep_interval: float = 5.0
     max_countdown: float = 300.0
     home: str = DEFAULT_HOME

@@ -28,7 +28,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from flask import Flask
+try:
+    from flask import Flask
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "delivery.contrib.flask needs Flask and Flask-SQLAlchemy: "
+        "pip install 'delivery-outbox[flask]'"
+    ) from exc
 
 from delivery.config.settings import Settings
 from delivery.contrib.nudge import install_nudge

@@ -58,6 +58,13 @@ def settings_from_config(
         if not isinstance(value, str | os.PathLike):
             raise ConfigError(name, f"must be a string, not {type(value).__name__}")
         merged[name] = os.fspath(value)
+    if merged.get("DELIVERY_DATABASE_URL") and not merged.get("DELIVERY_BROKER_URL"):
+        where = "DELIVERY_DATABASE_URL" if _named(config, env) else "the app's own database"
+        raise ConfigError(
+            "DELIVERY_BROKER_URL",
+            f"is not set while the outbox is {where}: set it (a worker must read the same "
+            "outbox and broker; the embedded default applies only when nothing is configured)",
+        )
     options = config.get(OPTIONS_KEY)
     if options is None:
         return load_settings(merged)
@@ -73,3 +80,7 @@ def settings_from_config(
         redis_url=base.redis_url,
         home=base.home,
     )
+
+
+def _named(config: Mapping[str, Any], env: Mapping[str, str]) -> bool:
+    return config.get("DELIVERY_DATABASE_URL") is not None or bool(env.get("DELIVERY_DATABASE_URL"))

@@ -2,26 +2,64 @@
 
 ::
 
-    closed ──failure_threshold transient failures inside `window` s──▶ open
+    closed ──the window's failure rate, or a run of failures, says outage──▶ open
     open ──reset_timeout s passed; the next caller──▶ half_open
-    half_open ──the probe succeeds, success_threshold times──▶ closed  (failure window cleared)
-    half_open ──the probe fails──▶ open                                (another reset_timeout)
+    half_open ──probes, one at a time, until their failure rate decides──▶ closed | open
     any ──`delivery breaker reset PROVIDER`──▶ closed
 
-Transient failures are the outcomes ``retryable`` and ``unknown`` (connect errors, timeouts,
-5xx, 429) and a failed lookup; ``permanent`` ones (4xx, bad recipient, key reused) never
-count. A success while closed does not clear the failure window: only age does.
+**What counts** (the sender maps each outcome to a ``Verdict``): a transient failure is a
+network error (connect refused or timed out, or an *unknown* outcome: the answer lost after
+the request was written, which is the provider failing to answer), a 5xx, a 429, a 408 or 425.
+A 4xx never counts, nor does a lookup that failed (it says nothing about sending) or a 409
+``IDEMPOTENCY_IN_PROGRESS`` (the provider is up and still busy with our earlier attempt):
+those are neutral. Successes are a delivery, and a lookup that answered (found the key, did
+not, or found it undeliverable).
+
+**Closed -> open** (``BreakerConfig``), on the calls of a rolling ``window`` (60 s), each call
+counted by ``allow``: any of
+
+- the rate rule: failures >= ``failure_rate`` (0.5) of the calls, once there were at least
+  ``minimum_calls`` (40). A count alone does not scale with traffic: at 100 msg/s five
+  failures a minute are 0.08%; a rate does.
+- the run rule: ``consecutive_failures`` (10) transient failures in a row, with no success
+  between. It finds a dead provider in a constant number of requests at any volume, also
+  when the window is full of earlier successes that would dilute the rate.
+- the count rule, off by default: ``failure_threshold`` failures in the window whatever the
+  volume, for senders too quiet to reach ``minimum_calls``.
+
+**Why these defaults.** A provider that loses 30% of its answers must stay closed. At the
+minimum volume the rate rule trips it falsely with P(Binomial(40, 0.3) >= 20) = 0.6% (0.8%
+over the ramp from 40 to 80 calls, by simulation), against 4.8% (5.8%) with a minimum of 20;
+at 100 calls in the window it is 2e-5, and with 15% failures (503s) 2e-7 at 40 calls. The run
+rule trips a 30%-failing provider once in 1/(0.7 * 0.3^10) = 240,000 calls (about 1.5 times
+an hour at 100 msg/s, each costing one reset_timeout), a 15%-failing one once in 2e8 calls.
+A full outage costs: 10 failures to trip, plus the calls already in flight (at most the
+worker slots minus one), plus ``reopen_at`` probes (3) per reset_timeout: 10 + 7 + 3 = 20 for
+a 60 s outage with 8 worker slots (one half-open episode inside it); ``bench.breaker``
+measured 16, against 1,084 with the breaker disabled.
+
+**Half-open.** ``half_open_probes`` (5) probes, one at a time; it closes as soon as their
+failure rate can no longer reach ``failure_rate`` (3 successes of 5) and reopens as soon as
+it cannot fall below it (3 failures of 5): ``breaker_machine.probe_rule``. A 70%-healthy
+provider closes at the first episode with P(Binomial(5, 0.7) >= 3) = 84% (the old rule, two
+good probes in a row, any failure reopening it: 49%), and then stays closed, since the rate
+rule does not trip at 30%; a dead provider costs 3 requests per episode; a 20%-healthy one
+closes with 6%. Closing forgets the window and the run.
 
 In ``half_open`` one caller at a time holds the probe token. The token expires after
 ``probe_ttl`` seconds (the send lease), so a worker that died mid-probe does not wedge it.
 Callers turned away by a probe in flight are told to come back within ``HALF_OPEN_POLL`` s.
+Probe calls are judged by the closing rule, not counted in the window.
 
-The state is a Redis hash (``delivery:breaker:{NAME}``) and a sorted set of failure times
-(``delivery:breaker:{NAME}:failures``), changed only by one Lua script on Redis's own clock:
-one EVALSHA before a send (``allow``) and one after (``record``). If Redis is unreachable,
-``on_redis_error`` decides: ``local`` (default) applies the same rules in this process only,
-``allow`` sends with no breaker. Either way the worker logs it once and goes on; Redis is
-tried again after ``REDIS_RETRY`` s. With no ``DELIVERY_REDIS_URL`` every breaker is local.
+**Round trips.** The state is one Redis hash (``delivery:breaker:{NAME}``, the window's
+buckets included), changed only by one Lua script on Redis's own clock: one EVALSHA before a
+send (``allow``, which also counts the call), and one after it only for a failure or a probe.
+A plain success costs nothing: this process remembers it and reports it with its next step
+(it resets the run of failures then), as it does permits released unused. If Redis is
+unreachable, ``on_redis_error`` decides: ``local`` (default) applies the same rules in this
+process only, ``allow`` sends with no breaker. Either way the worker logs it once and goes
+on; Redis is tried again after ``REDIS_RETRY`` s. With no ``DELIVERY_REDIS_URL`` every
+breaker is local. ``enabled = false`` turns a provider's breaker off.
 
 Every transition is one JSON line on the ``delivery.breaker`` logger and a frozen
 ``BreakerTransition`` passed to the hooks registered with ``add_breaker_hook``.
@@ -47,16 +85,16 @@ from delivery.guards.breaker_machine import (
     BreakerState,
     LocalMachine,
     Reply,
+    Verdict,
+    config_args,
     decode,
 )
 from delivery.guards.redis_client import redis_client
 from delivery.observability.events import Hooks
 
 __all__ = [
-    "FAILURE",
     "HALF_OPEN_POLL",
     "REDIS_RETRY",
-    "SUCCESS",
     "BreakerHook",
     "BreakerState",
     "BreakerStatus",
@@ -64,14 +102,13 @@ __all__ = [
     "Breakers",
     "CircuitBreaker",
     "Permit",
+    "Verdict",
     "add_breaker_hook",
     "remove_breaker_hook",
 ]
 
 log = logging.getLogger("delivery.breaker")
 
-SUCCESS = frozenset({"delivered", "found", "absent"})
-FAILURE = frozenset({"retryable", "unknown", "lookup_failed"})
 REDIS_RETRY = 5.0
 
 
@@ -91,7 +128,8 @@ class BreakerTransition:
 class Permit:
     """``allow``'s answer. ``probe``: this call is the half-open probe and its outcome decides.
     ``retry_at`` (epoch seconds): when a refused caller may ask again. ``source``: ``redis``,
-    ``local``, or ``none`` (Redis unreachable and ``on_redis_error = "allow"``)."""
+    ``local``, or ``none`` (no breaker: ``enabled = false``, or Redis unreachable and
+    ``on_redis_error = "allow"``)."""
 
     allowed: bool
     state: str
@@ -103,12 +141,15 @@ class Permit:
 
 @dataclass(frozen=True, slots=True)
 class BreakerStatus:
+    """A breaker as ``peek`` sees it: ``failures`` and ``calls`` in the rolling window."""
+
     provider: str
     state: str
     failures: int
     next_probe_at: float | None
     probe_in_flight: bool
     source: str
+    calls: int = 0
 
 
 BreakerHook = Callable[[BreakerTransition], None]
@@ -155,21 +196,17 @@ class CircuitBreaker:
         self.provider, self.config = provider, config
         self._local = LocalMachine(config, probe_ttl, clock)
         self._script = None if client is None else client.register_script(LUA)
-        key = f"delivery:breaker:{{{provider}}}"
-        self._keys = [key, f"{key}:failures"]
-        self._args = (
-            config.failure_threshold,
-            config.window,
-            config.reset_timeout,
-            config.success_threshold,
-            probe_ttl,
-            HALF_OPEN_POLL,
-        )
+        self._keys = [f"delivery:breaker:{{{provider}}}"]
+        self._args = config_args(config, probe_ttl)
         self._retry_redis_at = 0.0
         self._degraded = False
+        self._pending = threading.Lock()
+        self._successes = self._released = 0  # reported with this process's next step
 
     def allow(self) -> Permit:
-        """May this provider be called now? One Redis round trip."""
+        """May this provider be called now? One Redis round trip (it counts the call)."""
+        if not self.config.enabled:
+            return Permit(True, "disabled", "none")
         token = secrets.token_hex(8)
         reply, source = self._run("allow", token, "")
         if reply is None:
@@ -179,43 +216,62 @@ class CircuitBreaker:
             reply.allowed, reply.state, source, probe, token if probe else "", reply.next_at
         )
 
-    def record(self, permit: Permit, outcome_kind: str) -> None:
-        """Count one call's outcome (``Outcome.kind``): success, failure or neither."""
-        verdict = (
-            "success"
-            if outcome_kind in SUCCESS
-            else "failure"
-            if outcome_kind in FAILURE
-            else "neutral"
-        )
-        # Only a failure, or the probe's own answer, changes the state: a plain success or a
-        # neutral answer costs no round trip.
-        if permit.source != "none" and (verdict == "failure" or permit.probe):
+    def record(self, permit: Permit, verdict: Verdict) -> None:
+        """Count one call's verdict. A failure or the probe's answer is one round trip; a
+        plain success is reported with this process's next step, a neutral answer never."""
+        verdict = Verdict(verdict)
+        if permit.source == "none":
+            return
+        if verdict == Verdict.FAILURE or permit.probe:
             self._run("record", permit.token, verdict, local=permit.source == "local")
+        elif verdict == Verdict.SUCCESS:
+            with self._pending:
+                self._successes += 1
 
     def release(self, permit: Permit) -> None:
-        """Give back a probe that was never used (the row was taken by another worker)."""
-        self.record(permit, "released")
+        """Give back a permit that was never used (the row was taken by another worker): a
+        probe is freed at once, a plain call is taken off the window with the next step."""
+        if permit.probe:
+            self.record(permit, Verdict.NEUTRAL)
+        elif permit.source != "none":
+            with self._pending:
+                self._released += 1
 
     def status(self) -> BreakerStatus:
+        if not self.config.enabled:
+            return BreakerStatus(self.provider, "disabled", 0, None, False, "none")
         reply, source = self._run("peek", "", "")
         if reply is None:
             return BreakerStatus(self.provider, "unknown", 0, None, False, source)
         return BreakerStatus(
-            self.provider, reply.state, reply.failures, reply.next_at, reply.probe, source
+            self.provider,
+            reply.state,
+            reply.failures,
+            reply.next_at,
+            reply.probe,
+            source,
+            reply.calls,
         )
 
     def reset(self) -> str:
-        """Close the breaker and forget its failures; return the state it was in."""
+        """Close the breaker and forget its window; return the state it was in."""
         reply, _ = self._run("reset", "", "")
         return "unknown" if reply is None else reply.from_state
+
+    def _take(self) -> tuple[int, int]:
+        with self._pending:
+            taken = (self._successes, self._released)
+            self._successes = self._released = 0
+        return taken
 
     def _run(
         self, op: str, token: str, verdict: str, *, local: bool = False
     ) -> tuple[Reply | None, str]:
+        successes, released = self._take()
         if self._script is not None and not local and time.monotonic() >= self._retry_redis_at:
+            argv = [op, token, verdict, successes, released, *self._args]
             try:
-                raw = self._script(keys=self._keys, args=[op, token, verdict, *self._args])
+                raw = self._script(keys=self._keys, args=argv)
             except (redis.RedisError, OSError) as exc:
                 self._redis_failed(exc)
             else:
@@ -227,7 +283,8 @@ class CircuitBreaker:
                 return self._announced(op, decode(raw), "redis"), "redis"
         if self._script is not None and not local and self.config.on_redis_error == "allow":
             return None, "none"
-        return self._announced(op, self._local(op, token, verdict), "local"), "local"
+        reply = self._local(op, token, verdict, successes, released)
+        return self._announced(op, reply, "local"), "local"
 
     def _redis_failed(self, exc: BaseException) -> None:
         self._retry_redis_at = time.monotonic() + REDIS_RETRY

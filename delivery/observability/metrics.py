@@ -160,7 +160,7 @@ class WorkerMetrics:
         self.attempts = Counter(
             "delivery_attempts",
             "Provider calls by outcome class (delivered, retryable, permanent, unknown, "
-            "found, lookup_failed) and provider.",
+            "found, lookup_failed, undeliverable) and provider.",
             ["provider", "outcome"],
             registry=registry,
         )

@@ -26,12 +26,15 @@ def state_name(state: str) -> str:
 
 @dataclass(frozen=True, slots=True)
 class BreakerRow:
-    """One provider's breaker: its state, failures in the window, and the next probe."""
+    """One provider's breaker: its state, failures and calls in the window, the rule that
+    opens it (``failure_rate`` of at least ``minimum_calls``), and the next probe."""
 
     provider: str
     state: str
     failures: int
-    failure_threshold: int
+    calls: int
+    failure_rate: float
+    minimum_calls: int
     window: float
     next_probe_at: dt.datetime | None
     probe_in_flight: bool
@@ -55,7 +58,9 @@ def breaker_rows(breakers: Breakers) -> list[BreakerRow]:
                 name,
                 state_name(status.state),
                 status.failures,
-                provider.breaker.failure_threshold,
+                status.calls,
+                provider.breaker.failure_rate,
+                provider.breaker.minimum_calls,
                 provider.breaker.window,
                 None if probe is None else dt.datetime.fromtimestamp(probe, dt.UTC),
                 status.probe_in_flight,

@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session
 
 from delivery.errors import MessageNotFound
 from delivery.observability.events import mask
+from delivery.pipeline import bounds
 from delivery.pipeline.models import Attempt, Message, utcnow
 from delivery.pipeline.status import Status
 from delivery.pipeline.validation import canonical_json
@@ -186,8 +187,15 @@ def _iso(value: dt.datetime | None) -> str | None:
     return None if value is None else value.isoformat()
 
 
-def attempt_dict(attempt: Attempt) -> dict[str, Any]:
-    """A JSON-ready dict of one attempt."""
+def _masked(value: str | None, recipient: str | None) -> str | None:
+    """Stored provider text is masked when it is stored; rows older than that are masked
+    here again (the message's recipient, numbers, emails)."""
+    return None if value is None else bounds.text(value, len(value) + 1, recipient)
+
+
+def attempt_dict(attempt: Attempt, *, recipient: str | None = None) -> dict[str, Any]:
+    """A JSON-ready dict of one attempt; its error text masked for ``recipient`` (and for
+    phone numbers and emails) unless ``recipient`` is ``None``."""
     return {
         "id": attempt.id,
         "number": attempt.number,
@@ -196,7 +204,7 @@ def attempt_dict(attempt: Attempt) -> dict[str, Any]:
         "outcome": attempt.outcome,
         "http_status": attempt.http_status,
         "error_code": attempt.error_code,
-        "error": attempt.error,
+        "error": attempt.error if recipient is None else _masked(attempt.error, recipient),
         "latency_ms": attempt.latency_ms,
     }
 
@@ -210,8 +218,11 @@ def message_dict(
     """A JSON-ready dict of a message (ISO-8601 datetimes).
 
     Unless ``reveal``, the recipient is masked and the payload replaced by its size
-    (``"<hidden: N bytes>"``). ``attempts``, when given, are included as ``"attempts"``.
+    (``"<hidden: N bytes>"``). The payload hash is never shown: it is an unkeyed sha256 of
+    the recipient and payload, so a short secret in it (an OTP) could be found by guessing.
+    ``attempts``, when given, are included as ``"attempts"``.
     """
+    recipient = message.recipient
     if reveal:
         payload: Any = message.payload
     else:
@@ -230,14 +241,14 @@ def message_dict(
         "next_attempt_at": _iso(message.next_attempt_at),
         "lease_expires_at": _iso(message.lease_expires_at),
         "last_error_code": message.last_error_code,
-        "last_error": message.last_error,
+        "last_error": message.last_error if reveal else _masked(message.last_error, recipient),
         "provider_ref": message.provider_ref,
-        "payload_hash": message.payload_hash,
         "payload": payload,
         "created_at": _iso(message.created_at),
         "updated_at": _iso(message.updated_at),
         "sent_at": _iso(message.sent_at),
     }
     if attempts is not None:
-        data["attempts"] = [attempt_dict(attempt) for attempt in attempts]
+        mask_for = None if reveal else recipient
+        data["attempts"] = [attempt_dict(attempt, recipient=mask_for) for attempt in attempts]
     return data

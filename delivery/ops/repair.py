@@ -7,8 +7,10 @@ overwritten, and every change emits a ``Transition`` and writes an audit row (``
 asked; see ``delivery.ops.audit``) in the same transaction.
 
 - ``redrive``: ``dead`` or ``unknown`` back to ``pending`` with the same key, so a provider
-  that deduplicates on it cannot deliver it twice. An ``unknown`` message may already have
-  been delivered, so it is redriven with ``needs_lookup`` set: the worker asks first.
+  that deduplicates on it cannot deliver it twice, and a fresh budget of attempts (the
+  attempt count itself, the fence, never goes back). An ``unknown`` message may already have
+  been delivered, so it is redriven with ``needs_lookup`` set: the worker asks first when
+  its provider has a lookup.
 - ``resolve``: an ``unknown`` message is declared ``sent`` or ``dead`` after a human checked.
 - ``cancel``: ``pending`` -> ``cancelled``; once dispatched it is too late.
 """
@@ -25,6 +27,7 @@ from sqlalchemy.orm import Session
 from delivery.observability.events import Transition, emit
 from delivery.ops.audit import DEFAULT_ACTOR, record
 from delivery.ops.inspect import find
+from delivery.pipeline.clock import db_now
 from delivery.pipeline.models import Message, utcnow
 from delivery.pipeline.status import Status
 
@@ -88,13 +91,16 @@ def redrive(
 ) -> list[RedriveResult]:
     """Put ``dead`` and ``unknown`` messages back to ``pending`` with the same key.
 
-    Attempts restart at 0 and the message is due now; ``last_error_code``/``last_error`` are
-    kept for the record. A message that was ``unknown`` gets ``needs_lookup`` so that the
-    provider is asked before it is sent again. Messages in any other status are left alone
-    and reported with ``redriven=False`` and a reason. Every ref is resolved before anything
-    changes: a missing one raises ``MessageNotFound``. Each update is conditional on the
-    status, so a concurrent change is reported, never overwritten. The caller commits; a
-    ``Transition`` with ``outcome="redrive"`` is emitted for each redriven message.
+    The message is due now with a fresh budget of attempts (as many as it was enqueued with); its
+    attempt count goes on from where it was (the fence of every conditional update never goes back,
+    and the attempt log numbers attempts across redrives); ``last_error_code``/``last_error`` are
+    kept for the record. A message that was ``unknown`` gets ``needs_lookup`` so that a provider
+    with a lookup is asked before it is sent again (one without is sent again with the same key).
+    Messages in any other status are left alone and reported with ``redriven=False`` and a reason.
+    Every ref is resolved before anything changes: a missing one raises ``MessageNotFound``. Each
+    update is conditional on the status, so a concurrent change is reported, never overwritten. The
+    caller commits; a ``Transition`` with ``outcome="redrive"`` is emitted for each redriven
+    message.
     """
     return _redrive(session, [(ref, find(session, ref)) for ref in refs], actor)
 
@@ -118,10 +124,14 @@ def _redrive(
             reason = f"message is {previous}; only {' or '.join(allowed)} messages can be redriven"
             results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
             continue
-        now = utcnow()
+        now = db_now(session.connection())
         values: dict[str, Any] = {
             "status": Status.PENDING.value,
-            "attempts": 0,
+            # The attempt count is every conditional update's fence: it never goes back, so
+            # a late worker from an earlier life cannot match this one. The new life gets
+            # the message's own budget again, counted from here.
+            "max_attempts": Message.attempts + Message.max_attempts - Message.budget_start,
+            "budget_start": Message.attempts,
             "next_attempt_at": now,
             "lease_expires_at": None,
             "needs_lookup": case((Message.status == Status.UNKNOWN.value, True), else_=False),

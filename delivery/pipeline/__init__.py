@@ -12,7 +12,8 @@ In the order a message meets them:
 
 And what they share: ``models`` (the schema; its migrations are ``delivery/migrations``),
 ``status`` (the states and every transition), ``outcomes`` (one attempt's closed set of
-results), ``policies`` (what an unknown outcome does), ``backoff`` (one pure function).
+results), ``policies`` (what an unknown outcome does), ``backoff`` (one pure function),
+``bounds`` (what provider text may be stored and printed: lengths, masks, clamps).
 
 May import: ``delivery.errors``, ``delivery.config``, ``delivery.runtime``,
 ``delivery.providers``, ``delivery.guards`` and ``delivery.observability.events``; never

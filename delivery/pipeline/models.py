@@ -95,6 +95,9 @@ class Message(Base):
     status: Mapped[str] = mapped_column(String(16), default="pending")
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     max_attempts: Mapped[int] = mapped_column(Integer)
+    #: ``attempts`` when this life began (0; a redrive sets it): the budget of every life is
+    #: ``max_attempts - budget_start``, and ``attempts`` itself never goes back (the fence).
+    budget_start: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     needs_lookup: Mapped[bool] = mapped_column(Boolean, default=False)
     next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)

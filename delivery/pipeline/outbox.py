@@ -100,6 +100,8 @@ def enqueue(
         or settings.max_attempts
     )
     recipient = check_recipient(channel, to)
+    provider_config = settings.providers[provider]
+    adapter_for(provider_config.kind).check_recipient(provider_config, recipient)
     body = check_payload(channel, payload, settings.max_payload_bytes)
     key = str(uuid.uuid4()) if key is None else check_key(key)
     now = utcnow()

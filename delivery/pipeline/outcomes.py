@@ -8,11 +8,19 @@ A provider adapter turns every answer and every transport error into exactly one
 - ``Permanent``: it will never work (bad number, bad auth, key reused): ``dead``.
 - ``Unknown``: the request was written and no answer came back; the message's policy decides.
 
-A lookup (``GET ?idempotency_key=``) answers ``Found``, ``Absent`` or ``LookupFailed``.
+A lookup (``GET ?idempotency_key=``) answers ``Found``, ``Absent`` or ``LookupFailed``, or
+``Undeliverable`` when the provider has the message and reports that it failed for good
+(Twilio's ``undelivered`` with a permanent ``error_code``): ``dead`` with that code, no resend.
 
 ``classify_exception`` is the one place where httpx's exceptions become outcomes: a connect
 error or timeout means the request never left (safe to retry); any error after that means
 the provider may have acted (unknown).
+
+Every outcome is bounded when it is built (``delivery.pipeline.bounds``): codes fit their
+64-character columns, reasons are at most 500 characters with control characters removed
+and phone numbers and email addresses masked, provider references fit 255 characters, an
+HTTP status outside 100-999 is dropped, and ``retry_after`` is clamped to
+``0 .. MAX_RETRY_AFTER`` (one day). So whatever an adapter builds can be stored and printed.
 """
 
 from __future__ import annotations
@@ -20,10 +28,12 @@ from __future__ import annotations
 import datetime as dt
 import email.utils
 import json
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, TypeVar, cast
 
 import httpx
+
+from delivery.pipeline import bounds
 
 __all__ = [
     "Absent",
@@ -34,7 +44,9 @@ __all__ = [
     "Outcome",
     "Permanent",
     "Retryable",
+    "Undeliverable",
     "Unknown",
+    "bounded",
     "classify_exception",
     "classify_response",
     "parse_retry_after",
@@ -43,11 +55,27 @@ __all__ = [
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
+def _bound(outcome: Any, *, code: bool = False, reason: bool = False, ref: bool = False) -> None:
+    """Make an outcome's provider-controlled fields storable, in place (it is being built)."""
+    status = outcome.http_status
+    if status is not None and not (isinstance(status, int) and 100 <= status <= 999):
+        object.__setattr__(outcome, "http_status", None)
+    if code:
+        object.__setattr__(outcome, "code", bounds.code(outcome.code))
+    if reason:
+        object.__setattr__(outcome, "reason", bounds.text(outcome.reason))
+    if ref:
+        object.__setattr__(outcome, "provider_ref", bounds.ref(outcome.provider_ref))
+
+
 @dataclass(frozen=True, slots=True)
 class Delivered:
     provider_ref: str | None
     http_status: int | None = None
     kind: str = "delivered"
+
+    def __post_init__(self) -> None:
+        _bound(self, ref=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +86,10 @@ class Retryable:
     retry_after: float | None = None
     kind: str = "retryable"
 
+    def __post_init__(self) -> None:
+        _bound(self, code=True, reason=True)
+        object.__setattr__(self, "retry_after", bounds.delay(self.retry_after))
+
 
 @dataclass(frozen=True, slots=True)
 class Permanent:
@@ -65,6 +97,9 @@ class Permanent:
     reason: str
     http_status: int | None = None
     kind: str = "permanent"
+
+    def __post_init__(self) -> None:
+        _bound(self, code=True, reason=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +109,9 @@ class Unknown:
     http_status: int | None = None
     kind: str = "unknown"
 
+    def __post_init__(self) -> None:
+        _bound(self, code=True, reason=True)
+
 
 @dataclass(frozen=True, slots=True)
 class Found:
@@ -81,11 +119,17 @@ class Found:
     http_status: int | None = 200
     kind: str = "found"
 
+    def __post_init__(self) -> None:
+        _bound(self, ref=True)
+
 
 @dataclass(frozen=True, slots=True)
 class Absent:
     http_status: int | None = 404
     kind: str = "absent"
+
+    def __post_init__(self) -> None:
+        _bound(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,29 +139,62 @@ class LookupFailed:
     http_status: int | None = None
     kind: str = "lookup_failed"
 
+    def __post_init__(self) -> None:
+        _bound(self, code=True, reason=True)
+
+
+@dataclass(frozen=True, slots=True)
+class Undeliverable:
+    code: str
+    reason: str
+    provider_ref: str | None = None
+    http_status: int | None = 200
+    kind: str = "undeliverable"
+
+    def __post_init__(self) -> None:
+        _bound(self, code=True, reason=True, ref=True)
+
 
 Outcome = Delivered | Retryable | Permanent | Unknown
-LookupOutcome = Found | Absent | LookupFailed
+LookupOutcome = Found | Absent | LookupFailed | Undeliverable
+AnyOutcome = TypeVar("AnyOutcome", bound=Outcome | LookupOutcome)
+
+
+def bounded(outcome: AnyOutcome, recipient: str) -> AnyOutcome:
+    """``outcome`` with the message's own ``recipient`` masked in its code and reason too
+    (the rest of the bounds were applied when it was built)."""
+    if isinstance(outcome, Retryable | Permanent | Unknown | LookupFailed | Undeliverable):
+        masked = replace(
+            outcome,
+            code=bounds.code(outcome.code, recipient),
+            reason=bounds.text(outcome.reason, recipient=recipient),
+        )
+        return cast(AnyOutcome, masked)
+    return outcome
 
 
 def parse_retry_after(value: str | None, now: dt.datetime | None = None) -> float | None:
-    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date)."""
+    """Seconds to wait from a Retry-After header (delta-seconds or an HTTP date), clamped to
+    ``0 .. bounds.MAX_RETRY_AFTER`` (one day); ``None`` when absent or not understood."""
     if value is None or not value.strip():
         return None
-    value = value.strip()
+    value = value.strip()[:64]
     try:
         seconds = float(value)
     except ValueError:
         try:
             when = email.utils.parsedate_to_datetime(value)
-        except (TypeError, ValueError):
+        except (TypeError, ValueError, IndexError, OverflowError):
             return None
         if when.tzinfo is None:
             when = when.replace(tzinfo=dt.UTC)
-        seconds = (when - (now or dt.datetime.now(dt.UTC))).total_seconds()
-    if seconds != seconds or seconds in (float("inf"), float("-inf")):
+        try:
+            seconds = (when - (now or dt.datetime.now(dt.UTC))).total_seconds()
+        except OverflowError:
+            return None
+    if seconds != seconds:
         return None
-    return max(0.0, seconds)
+    return bounds.delay(seconds)
 
 
 def _json(response: httpx.Response) -> Any:

@@ -1,17 +1,27 @@
 """One delivery attempt for one message: the worker's whole job, as a plain function.
 
 ``deliver`` takes the row from ``dispatched`` to ``sending`` with a conditional UPDATE and
-commits *before* calling the provider, so that a crash mid-call leaves a ``sending`` row the
-sweeper can find. The provider's outcome then decides the next state in one transaction
-together with the attempt's log row. A task for a row that is not ``dispatched``, not yet
-due, or already taken by another worker does nothing.
+commits *before* calling the provider (with a lease of ``hold_lease`` s that the worker's lease
+keeper renews while the call runs, up to ``send_lease``; see ``delivery.pipeline.leases``),
+so that a crash mid-call leaves a ``sending`` row the sweeper finds within seconds. The
+provider's outcome then decides the next state in one transaction together with the
+attempt's log row. A task for a row that is not ``dispatched``, not yet due, or already
+taken by another worker does nothing.
 
 Before taking the row, the provider's circuit breaker (``delivery.guards.breaker``) is asked: while
 it is open (or half-open with its one probe taken) the row goes back to ``pending`` until the
 breaker's next probe time plus up to ``CIRCUIT_JITTER`` s, with code ``CIRCUIT_OPEN`` and no
-attempt spent. The call's outcome is then recorded in the breaker, and applied to the row by
-``delivery.pipeline.settle``. The answer to the task is a ``Result`` whose ``action`` is one
-of the closed set ``Action`` (``delivery.pipeline.transitions``).
+attempt spent. The adapter is called through ``delivery.providers.calls`` (any exception
+or stray value becomes an outcome, bounded and with the recipient masked); the outcome is
+then recorded in the breaker, and applied to the row by ``delivery.pipeline.settle``. The
+answer to the task is a ``Result`` whose ``action`` is one of the closed set ``Action``
+(``delivery.pipeline.transitions``).
+
+Due times and leases are compared and written on the database's clock
+(``delivery.pipeline.clock``). A message whose provider is no longer configured ends ``dead``
+with ``PROVIDER_NOT_CONFIGURED`` without a call. A message flagged ``needs_lookup`` is looked
+up first only if its provider has a lookup (``supports_lookup``); otherwise it is sent again
+with the same key.
 """
 
 from __future__ import annotations
@@ -23,14 +33,16 @@ from typing import Any
 
 from sqlalchemy import Row, select, update
 
-from delivery.guards.breaker import Permit
+from delivery.guards.breaker import Permit, Verdict
 from delivery.observability.events import Transition, emit
-from delivery.pipeline.models import messages_table, utcnow
-from delivery.pipeline.outcomes import Absent
+from delivery.pipeline.clock import db_now
+from delivery.pipeline.models import messages_table
+from delivery.pipeline.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.settle import after_lookup, after_send
 from delivery.pipeline.status import Status
 from delivery.pipeline.transitions import Action, Result, Sending, move
+from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
 
@@ -38,14 +50,17 @@ __all__ = [
     "CIRCUIT_JITTER",
     "CIRCUIT_OPEN",
     "EXPIRED",
+    "PROVIDER_NOT_CONFIGURED",
     "RATE_LIMITED",
     "Action",
     "Result",
+    "breaker_verdict",
     "deliver",
 ]
 
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
 EXPIRED = "EXPIRED"
+PROVIDER_NOT_CONFIGURED = "PROVIDER_NOT_CONFIGURED"
 RATE_LIMITED = "RATE_LIMITED"
 CIRCUIT_JITTER = 1.0
 
@@ -76,13 +91,15 @@ _ROW = select(*(messages_table.c[name] for name in _COLUMNS))
 def deliver(service: Service, message_id: int, key: str) -> Result:
     """Make one attempt at message ``message_id`` (if it is still ``key``'s and due) and
     say what its task does next (``Result.action``, one of ``Action``)."""
-    now = utcnow()
     with service.engine.connect() as conn:
         row = conn.execute(_ROW.where(messages_table.c.id == message_id)).one_or_none()
+        now = db_now(conn)
     if row is None or row.key != key:
         return Result(Action.SKIP, reason="no such message")
     if row.status != Status.DISPATCHED:
         return Result(Action.SKIP, status=row.status, reason=f"message is {row.status}")
+    if row.provider not in service.settings.providers:
+        return _not_configured(service, row)
     early = (row.next_attempt_at - now).total_seconds()
     if early > 0:
         # A duplicate task, or a countdown that fired early: never send before the due time.
@@ -94,12 +111,12 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
     limiter = service.limiter(row.provider)
     wait = limiter.acquire() if limiter is not None else 0.0
     if wait > 0:
-        return _rate_limited(service, row, wait)
+        return _rate_limited(service, row, wait, now)
 
     breaker = service.breaker(row.provider)
     permit = breaker.allow()
     if not permit.allowed:
-        return _circuit_open(service, row, permit)
+        return _circuit_open(service, row, permit, now)
 
     attempt = row.attempts + 1
     with service.engine.begin() as conn:
@@ -110,7 +127,9 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
             Status.DISPATCHED,
             Status.SENDING,
             attempts=attempt,
-            lease_expires_at=now + dt.timedelta(seconds=service.settings.send_lease),
+            # Short: the worker renews it while the call runs, up to send_lease after this
+            # take (delivery.pipeline.leases); a killed worker's send comes back in seconds.
+            lease_expires_at=now + dt.timedelta(seconds=service.settings.hold_lease),
         )
     if not taken:
         breaker.release(permit)
@@ -129,19 +148,37 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
         UnknownPolicy(row.on_unknown),
         kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
         row.created_at,
+        getattr(provider, "in_progress_wait", None),
     )
-    if row.needs_lookup:
+    # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
+    if row.needs_lookup and getattr(provider, "supports_lookup", True):
         started = time.perf_counter()
-        found = provider.lookup(envelope)
+        found = calls.lookup(provider, envelope)
         if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
-            breaker.record(permit, found.kind)
+            breaker.record(permit, breaker_verdict(found))
         lookup_result = after_lookup(service, msg, found, started)
         if lookup_result is not None:
             return lookup_result
     started = time.perf_counter()
-    outcome = provider.send(envelope)
-    breaker.record(permit, outcome.kind)
+    outcome = calls.send(provider, envelope)
+    breaker.record(permit, breaker_verdict(outcome))
     return after_send(service, msg, outcome, started)
+
+
+def breaker_verdict(outcome: Outcome | LookupOutcome) -> Verdict:
+    """What one outcome says about the provider's health (``delivery.guards.breaker``):
+    unknown (no answer after the request was written) and retryable answers are failures,
+    except a 409 ``IDEMPOTENCY_IN_PROGRESS`` (the provider is up, busy with our earlier
+    attempt); a delivery or a lookup that answered (found, absent, or found undeliverable)
+    is a success; a permanent answer (4xx) and a failed lookup are neutral."""
+    if isinstance(outcome, Unknown):
+        return Verdict.FAILURE
+    if isinstance(outcome, Retryable):
+        in_progress = outcome.code == "IDEMPOTENCY_IN_PROGRESS"
+        return Verdict.NEUTRAL if in_progress else Verdict.FAILURE
+    if outcome.kind in ("delivered", "found", "absent", "undeliverable"):
+        return Verdict.SUCCESS
+    return Verdict.NEUTRAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,13 +232,23 @@ def _expire(service: Service, row: Row[Any]) -> Result:
     return Result(Action.DONE, Status.EXPIRED, code=EXPIRED)
 
 
-def _rate_limited(service: Service, row: Row[Any], wait: float) -> Result:
+def _not_configured(service: Service, row: Row[Any]) -> Result:
+    """A message whose provider is no longer configured can never be sent: it ends ``dead``
+    with ``PROVIDER_NOT_CONFIGURED`` (redrive it once the provider is back) instead of
+    cycling between ``dispatched`` and ``pending``."""
+    reason = f"provider {row.provider!r} is not configured (DELIVERY_CONFIG [providers])"
+    leave = _Leave(Status.DEAD, "permanent", PROVIDER_NOT_CONFIGURED, reason)
+    if not _leave_dispatched(service, row, leave):
+        return Result(Action.SKIP, reason="taken by another worker")
+    return Result(Action.DONE, Status.DEAD, code=PROVIDER_NOT_CONFIGURED, reason=reason)
+
+
+def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime) -> Result:
     """Over the provider's rate: come back when a token is there (plus a little jitter so
     that waiting workers do not all return at once). The row stays ``dispatched``; only its
     lease is extended when the wait would outlast it."""
     message_id, provider, lease = row.id, row.provider, row.lease_expires_at
     delay = wait + service.rng.uniform(0.0, min(wait, 1.0))
-    now = utcnow()
     if lease is not None and lease < now + dt.timedelta(seconds=delay + 5.0):
         with service.engine.begin() as conn:
             conn.execute(
@@ -211,8 +258,7 @@ def _rate_limited(service: Service, row: Row[Any], wait: float) -> Result:
                     messages_table.c.status == Status.DISPATCHED.value,
                 )
                 .values(
-                    lease_expires_at=now
-                    + dt.timedelta(seconds=delay + service.settings.dispatch_lease)
+                    lease_expires_at=now + dt.timedelta(seconds=delay + service.settings.hold_lease)
                 )
             )
     return Result(
@@ -220,11 +266,10 @@ def _rate_limited(service: Service, row: Row[Any], wait: float) -> Result:
     )
 
 
-def _circuit_open(service: Service, row: Row[Any], permit: Permit) -> Result:
+def _circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.datetime) -> Result:
     """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
     without spending an attempt."""
     provider = row.provider
-    now = utcnow()
     wait = max(0.0, (permit.retry_at or 0.0) - time.time())
     wait += service.rng.uniform(0.0, CIRCUIT_JITTER)
     due = now + dt.timedelta(seconds=wait)

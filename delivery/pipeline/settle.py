@@ -5,12 +5,17 @@
 - ``Delivered``: ``sent``, with the provider's reference.
 - ``Permanent``: ``dead``, with its code and reason.
 - ``Retryable``: waits (backoff, or the provider's Retry-After) and is sent again with the
-  same key; ``dead`` once its attempts are spent.
+  same key; ``dead`` once its attempts are spent. ``IDEMPOTENCY_IN_PROGRESS`` (our own earlier
+  attempt is still running at the provider) waits out the provider's budget and spends no
+  attempt: it never ends ``dead``.
 - ``Unknown``: the message's policy: ``give_up`` -> ``unknown``; ``retry`` waits and sends
   again; ``lookup`` waits and asks the provider first; ``unknown`` once its attempts are spent.
 
-``after_lookup`` does the same for a lookup: ``Found`` -> ``sent``; ``Absent`` -> go on and
-send; ``LookupFailed`` -> wait and look again (``unknown`` once the attempts are spent).
+``after_lookup`` does the same for a lookup: ``Found`` -> ``sent``; ``Absent`` -> renew the
+lease, fenced on this attempt, and go on and send (nothing is sent if the row is no longer
+this attempt's: a lookup that outlived the lease); ``LookupFailed`` -> wait and look again
+(``unknown`` once the attempts are spent); ``Undeliverable`` (the provider has it and
+reports that it can never reach the recipient) -> ``dead`` with the provider's code.
 Every move goes through ``delivery.pipeline.transitions`` and emits a ``Transition``.
 """
 
@@ -19,12 +24,12 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import replace
 
-from sqlalchemy import Connection, update
+from sqlalchemy import Connection
 
 from delivery.observability.events import Transition, emit
 from delivery.pipeline import outcomes
 from delivery.pipeline.backoff import compute_backoff
-from delivery.pipeline.models import messages_table, utcnow
+from delivery.pipeline.clock import db_now
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
 from delivery.pipeline.transitions import (
@@ -33,7 +38,9 @@ from delivery.pipeline.transitions import (
     Result,
     Sending,
     finish,
+    in_progress,
     log_attempt,
+    move,
     park,
 )
 from delivery.runtime.service import Service
@@ -53,15 +60,26 @@ def after_lookup(
             case outcomes.Found(provider_ref=ref):
                 return _sent(conn, msg, ref, "found")
             case outcomes.Absent():
-                conn.execute(
-                    update(messages_table)
-                    .where(messages_table.c.id == msg.id)
-                    .values(needs_lookup=False)
-                )
-                return None
+                # Ours still? The lookup may have outlived the lease: the row may have been
+                # recovered and taken by another worker. Renew the lease (fenced on this
+                # attempt) before sending, or send nothing.
+                lease = db_now(conn) + dt.timedelta(seconds=service.settings.send_lease)
+                if move(
+                    conn,
+                    msg.id,
+                    msg.attempt,
+                    Status.SENDING,
+                    Status.SENDING,
+                    lease_expires_at=lease,
+                    needs_lookup=False,
+                ):
+                    return None
+                return _CHANGED
             case outcomes.LookupFailed(code=code, reason=reason):
                 failure = Failure(code, reason, "lookup_failed", Status.UNKNOWN)
                 return _retry_or_stop(service, conn, msg, failure)
+            case outcomes.Undeliverable(code=code, reason=reason):
+                return _stop(conn, msg, Failure(code, reason, "undeliverable", Status.DEAD))
     raise AssertionError(found)
 
 
@@ -74,6 +92,8 @@ def after_send(service: Service, msg: Sending, outcome: outcomes.Outcome, starte
                 return _sent(conn, msg, ref, "delivered")
             case outcomes.Permanent(code=code, reason=reason):
                 return _stop(conn, msg, Failure(code, reason, "permanent", Status.DEAD))
+            case outcomes.Retryable() if in_progress(outcome):
+                return _wait_in_progress(service, conn, msg, outcome)
             case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after):
                 failure = Failure(code, reason, "retryable", Status.DEAD, retry_after)
                 return _retry_or_stop(service, conn, msg, failure)
@@ -87,7 +107,7 @@ def after_send(service: Service, msg: Sending, outcome: outcomes.Outcome, starte
 
 
 def _sent(conn: Connection, msg: Sending, ref: str | None, outcome: str) -> Result:
-    now = utcnow()
+    now = db_now(conn)
     if finish(
         conn,
         msg,
@@ -126,7 +146,31 @@ def _retry_or_stop(service: Service, conn: Connection, msg: Sending, failure: Fa
         spent = f"attempts exhausted ({msg.attempt}/{msg.max_attempts}): {failure.reason}"
         return _stop(conn, msg, replace(failure, reason=spent))
     delay = compute_backoff(msg.attempt, msg.backoff, failure.retry_after, service.rng)
-    status = park(conn, msg, delay, service.settings, failure)
+    return _park(service, conn, msg, delay, failure)
+
+
+def _wait_in_progress(
+    service: Service, conn: Connection, msg: Sending, outcome: outcomes.Retryable
+) -> Result:
+    """Our own earlier attempt is still running at the provider (409 in progress): wait it out
+    (Retry-After, else the provider's own budget, else backoff) and ask again with the same
+    key. The attempt is given back (``max_attempts`` + 1), so this never ends ``dead``."""
+    wait = outcome.retry_after if outcome.retry_after is not None else msg.in_progress_wait
+    if wait is None:
+        wait = compute_backoff(msg.attempt, msg.backoff, None, service.rng)
+    failure = Failure(outcome.code, outcome.reason, "in_progress", Status.DEAD, wait)
+    return _park(service, conn, msg, wait, failure, max_attempts=msg.max_attempts + 1)
+
+
+def _park(
+    service: Service,
+    conn: Connection,
+    msg: Sending,
+    delay: float,
+    failure: Failure,
+    **values: object,
+) -> Result:
+    status = park(conn, msg, delay, service.settings, failure, now=db_now(conn), **values)
     if status is None:
         return _CHANGED
     _emit(msg, status, failure.outcome, failure.code, round(delay, 3))

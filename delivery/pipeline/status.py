@@ -10,7 +10,7 @@
                                                                       lease expired: unknown policy)
     dispatched ──breaker open──▶ pending (no attempt spent)
     pending, dispatched ──ttl passed──▶ expired
-    dead, unknown ──redrive──▶ pending   (same key)
+    dead, unknown ──redrive──▶ pending   (same key; attempts go on, a fresh budget)
 
 - ``pending``: waits for ``next_attempt_at``; the relay claims it.
 - ``dispatched``: a task was published; ``lease_expires_at`` bounds how long the row waits for

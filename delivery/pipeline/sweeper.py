@@ -19,7 +19,8 @@ from dataclasses import dataclass
 from sqlalchemy import Engine, insert, select, update
 
 from delivery.observability.events import Transition, emit
-from delivery.pipeline.models import attempts_table, messages_table, utcnow
+from delivery.pipeline.clock import db_now
+from delivery.pipeline.models import attempts_table, messages_table
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
 
@@ -43,8 +44,10 @@ class SweepReport:
 
 
 def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) -> SweepReport:
-    now = now or utcnow()
+    """One pass; ``now`` (default: the database's clock, the one every lease was written on)
+    decides which leases and time-to-lives have passed."""
     with engine.begin() as conn:
+        now = now or db_now(conn)
         expired = {
             old: conn.execute(
                 update(messages_table)

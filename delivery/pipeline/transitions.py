@@ -21,11 +21,25 @@ from sqlalchemy import Connection, insert, update
 
 from delivery.config.settings import Backoff, Settings
 from delivery.pipeline.models import attempts_table, messages_table, utcnow
-from delivery.pipeline.outcomes import LookupOutcome, Outcome
+from delivery.pipeline.outcomes import LookupOutcome, Outcome, Retryable
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
 
-__all__ = ["Action", "Failure", "Result", "Sending", "finish", "log_attempt", "move", "park"]
+__all__ = [
+    "IN_PROGRESS",
+    "Action",
+    "Failure",
+    "Result",
+    "Sending",
+    "finish",
+    "in_progress",
+    "log_attempt",
+    "move",
+    "park",
+]
+
+IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS"
+"""The code of a provider saying our own earlier attempt with this key is still running."""
 
 
 class Action(enum.StrEnum):
@@ -64,6 +78,8 @@ class Sending:
     policy: UnknownPolicy
     backoff: Backoff
     enqueued_at: dt.datetime
+    in_progress_wait: float | None = None
+    """How long the provider may take on a key (its own budget), waited out on a 409."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,6 +96,12 @@ class Failure:
     final: Status
     retry_after: float | None = None
     needs_lookup: bool | None = None
+
+
+def in_progress(outcome: Outcome) -> bool:
+    """True when the provider answers that our own earlier attempt is still being processed:
+    not a failure, and no attempt of ours to spend."""
+    return isinstance(outcome, Retryable) and outcome.code == IN_PROGRESS
 
 
 def log_attempt(
@@ -129,21 +151,30 @@ def finish(conn: Connection, msg: Sending, status: Status, **values: object) -> 
 
 
 def park(
-    conn: Connection, msg: Sending, delay: float, settings: Settings, failure: Failure
+    conn: Connection,
+    msg: Sending,
+    delay: float,
+    settings: Settings,
+    failure: Failure,
+    *,
+    now: dt.datetime,
+    **values: object,
 ) -> Status | None:
     """Park a ``sending`` row until ``now + delay``; the status it got, or None if someone
     else moved it.
 
-    A short wait stays ``dispatched`` (the task re-runs itself with a countdown, visible in
-    Flower as a retry; the lease covers the wait, so a lost retry is recovered by the
-    sweeper). A long one goes back to the outbox as ``pending``: the broker never holds a
-    task longer than ``max_countdown``.
+    ``now`` is the database's clock (``delivery.pipeline.clock``); ``values`` are further columns to
+    set. A short wait stays ``dispatched`` (the task re-runs itself with a countdown, visible in
+    Flower as a retry; the lease covers the wait, so a lost retry is recovered by the sweeper
+    ``hold_lease`` s after it was due). A long one goes back to the outbox as ``pending``: the
+    broker never holds a task longer than ``max_countdown``.
     """
-    now = utcnow()
     due = now + dt.timedelta(seconds=delay)
     short = delay <= settings.max_countdown
     status = Status.DISPATCHED if short else Status.PENDING
-    lease_until = due + dt.timedelta(seconds=settings.dispatch_lease) if short else None
+    # The worker holds a short retry: once due it renews the lease (delivery.pipeline.leases);
+    # if it dies meanwhile, the row comes back hold_lease s after its due time.
+    lease_until = due + dt.timedelta(seconds=settings.hold_lease) if short else None
     extra = {} if failure.needs_lookup is None else {"needs_lookup": failure.needs_lookup}
     done = finish(
         conn,
@@ -154,5 +185,6 @@ def park(
         last_error_code=failure.code[:64],
         last_error=failure.reason,
         **extra,
+        **values,
     )
     return status if done else None

@@ -1,4 +1,7 @@
-"""Checks on ``enqueue``'s input. Each failure raises ``InvalidMessage`` naming the field."""
+"""Checks on ``enqueue``'s input. Each failure raises ``InvalidMessage`` naming the field.
+
+A recipient is never echoed in the error (it would reach the caller's logs): the message
+says what is wrong with it, not what it is (G6)."""
 
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ import phonenumbers
 from email_validator import EmailNotValidError, validate_email
 
 from delivery.errors import InvalidMessage
+from delivery.pipeline import bounds
 
 __all__ = ["canonical_json", "check_key", "check_recipient", "check_send_at", "payload_hash"]
 
@@ -72,22 +76,25 @@ def check_recipient(channel: str, to: Any) -> str:
         try:
             number = phonenumbers.parse(to, None)
         except phonenumbers.NumberParseException as exc:
-            raise InvalidMessage("to", f"{to!r} is not an E.164 phone number: {exc}") from None
+            raise InvalidMessage("to", f"is not an E.164 phone number: {exc}") from None
         if not phonenumbers.is_valid_number(number):
-            raise InvalidMessage("to", f"{to!r} is not a valid phone number")
+            raise InvalidMessage("to", "is not a valid phone number")
         e164 = str(phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164))
         if e164 != to:
-            raise InvalidMessage("to", f"{to!r} is not in E.164 form (expected {e164!r})")
+            raise InvalidMessage("to", "is not in E.164 form (+, country code, digits only)")
         return e164
     if channel == "email":
         try:
             return str(validate_email(to, check_deliverability=False).normalized)
         except EmailNotValidError as exc:
-            raise InvalidMessage("to", f"{to!r} is not an email address: {exc}") from None
+            problem = bounds.mask(str(exc), to)
+            for part in to.rpartition("@")[::2]:  # validators quote a part of the address
+                problem = problem.replace(part, "[recipient]") if len(part) >= 3 else problem
+            raise InvalidMessage("to", f"is not an email address: {problem}") from None
     if channel == "webhook":
         parts = urlsplit(to)
         if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise InvalidMessage("to", f"{to!r} is not an http(s) URL")
+            raise InvalidMessage("to", "is not an http(s) URL")
         if parts.username or parts.password:
             raise InvalidMessage("to", "webhook URLs must not carry credentials")
         return to

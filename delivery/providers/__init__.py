@@ -1,11 +1,14 @@
 """Providers: the adapters that speak to an SMS, email or webhook service over HTTP.
 
 - ``base``: what an adapter is (``Provider``: ``send``, ``lookup``, ``close``) and what it is
-  given (``Envelope``); ``client``: the pooled httpx client the built-in adapters share.
+  given (``Envelope``); ``client``: the pooled httpx client the built-in adapters share, which
+  reads answers with a body limit and a deadline; ``calls``: how the pipeline calls any
+  adapter (whatever it returns or raises becomes one bounded outcome).
 - ``registry``: a provider's ``kind`` resolved to its adapter (built in, an entry point in the
   group ``delivery.providers``, or a dotted path) and the adapter's declared settings.
 - ``http`` (the reference protocol, spoken by the stub), ``twilio``, ``pigeon``, ``webhook``:
-  one module per wire protocol, each with its outcome table in its docstring.
+  one module per wire protocol, each with its outcome table in its docstring; ``egress``: where
+  a webhook may connect (the SSRF guard: no internal address unless allowlisted).
 
 An adapter maps every answer and transport error onto the outcomes of
 ``delivery.pipeline.outcomes`` in one place and never raises for them. What an adapter author

@@ -35,7 +35,9 @@ class HttpProvider(PooledClient):
 
     def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
         try:
-            response = self._client.get("/v1/messages", params={"idempotency_key": envelope.key})
+            response = self._exchange(
+                "GET", "/v1/messages", params={"idempotency_key": envelope.key}
+            )
         except httpx.HTTPError as exc:
             return outcomes.LookupFailed(outcomes.classify_exception(exc).code, str(exc)[:500])
         if response.status_code == 404:

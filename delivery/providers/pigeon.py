@@ -14,7 +14,9 @@ Wire contract:
 Outcomes (``classify``), as pigeon's reference client decides: 429, 503 and 504 are
 ``Retryable`` (``Retry-After`` honoured); 502 only with code ``SMTP_DELIVERY_FAILED`` and 409
 only with ``IDEMPOTENCY_IN_PROGRESS`` (our own earlier attempt is still talking to the SMTP
-server); everything else is final (``Permanent``, e.g. 401, ``SMTP_DELIVERY_REJECTED``).
+server: the worker waits out the SMTP budget, ``in_progress_wait``, without spending an
+attempt, so this never ends ``dead``); everything else is final (``Permanent``, e.g. 401,
+``SMTP_DELIVERY_REJECTED``).
 
 Payload: the message's ``payload`` fields go out as they are, plus ``to``; our ``template``
 field (an email needs one) may be ``{"id": 7, "data": {...}}``, sent as ``templateId`` and
@@ -61,6 +63,9 @@ class PigeonProvider(PooledClient):
     default_on_unknown = UnknownPolicy.RETRY
     supports_lookup = False
     default_timeouts = {"read": SMTP_BUDGET + 5.0}
+    #: A 409 IDEMPOTENCY_IN_PROGRESS without Retry-After: our earlier send is still talking to
+    #: the SMTP server; wait out pigeon's budget before asking again (no attempt spent).
+    in_progress_wait = SMTP_BUDGET + 5.0
 
     @classmethod
     def check_config(cls, config: ProviderConfig) -> None:

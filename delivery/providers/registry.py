@@ -13,8 +13,9 @@ An adapter is a class (any callable) taking its ``ProviderConfig`` and returning
 attributes (defaults in brackets):
 
 - ``config_keys`` [none]: the extra keys its ``[providers.NAME]`` table accepts, a set of names
-  or a mapping of name to ``str``, ``int``, ``float`` or ``bool`` (checked); the values reach
-  the adapter as ``config.options``. Any other key is still a ``ConfigError`` naming it.
+  or a mapping of name to ``str``, ``int``, ``float``, ``bool`` or ``list`` (checked); the
+  values reach the adapter as ``config.options``. Any other key is still a ``ConfigError``
+  naming it.
 - ``default_on_unknown`` [``retry``]: the unknown-outcome policy of a channel that sends
   through this provider and does not set ``on_unknown`` itself.
 - ``supports_lookup`` [``True``]: ``False`` makes ``on_unknown = "lookup"`` on a channel of
@@ -25,6 +26,8 @@ attributes (defaults in brackets):
   provider's own ``[providers.NAME.timeouts]`` wins over both.
 - ``check_config(config)`` (a classmethod): raise ``ConfigError(key, problem)`` for a wrong
   setting; ``key`` is relative to the provider's table and gets prefixed with it.
+- ``check_recipient(config, to)`` (a classmethod): raise ``InvalidMessage("to", problem)`` at
+  ``enqueue`` for a recipient this provider can never send to (webhooks: a refused address).
 
 Everything is checked when settings load, so that a wrong provider fails at start-up.
 """
@@ -64,7 +67,7 @@ REGISTRY: dict[str, AdapterFactory] = {
     "twilio": TwilioProvider,
     "webhook": WebhookProvider,
 }
-_OPTION_TYPES: tuple[type, ...] = (str, int, float, bool)
+_OPTION_TYPES: tuple[type, ...] = (str, int, float, bool, list)
 _found: dict[str, AdapterFactory] = {}  # entry points and dotted paths, imported once
 _lock = threading.RLock()  # an adapter module may resolve kinds while it is imported
 
@@ -105,12 +108,19 @@ class Adapter:
         except ConfigError as exc:
             raise ConfigError(f"{where}{exc.key}", exc.problem) from None
 
+    def check_recipient(self, config: ProviderConfig, to: str) -> None:
+        """Run the adapter's own ``check_recipient`` (``InvalidMessage`` naming ``to``)."""
+        check = getattr(self.factory, "check_recipient", None)
+        if check is not None:
+            check(config, to)
+
 
 _NAMES: dict[type, str] = {
     str: "a string",
     int: "an integer",
     float: "a number",
     bool: "true or false",
+    list: "a list",
 }
 
 
@@ -132,7 +142,8 @@ def _declared(factory: AdapterFactory, kind: str, key: str) -> Adapter:
         for name, typ in raw_keys.items():
             if typ not in _OPTION_TYPES:
                 raise ConfigError(
-                    key, f"{kind!r}: config_keys[{name!r}] must be one of str, int, float, bool"
+                    key,
+                    f"{kind!r}: config_keys[{name!r}] must be one of str, int, float, bool, list",
                 )
             keys[str(name)] = typ
     else:

@@ -1,36 +1,71 @@
 """Twilio-style SMS (kind ``twilio``): Programmable Messaging, API version 2010-04-01.
 
-Wire contract:
+Wire contract (Twilio's OpenAPI description, ``CreateMessage`` and ``ListMessage``; the
+parameters used here are checked against it in ``tests/test_providers_twilio.py``):
 
 - ``POST {base}/2010-04-01/Accounts/{account_sid}/Messages.json``, form-encoded ``To``,
   ``From`` (or ``MessagingServiceSid``) and ``Body``, HTTP basic auth ``account_sid`` and the
   auth token. 201 with the message resource; its ``sid`` (``SM...``) is the provider reference.
 - Errors: JSON ``{"code": 21211, "message": ..., "more_info": ..., "status": 400}``.
-- ``GET`` on the same path lists messages, newest first, filtered by ``To`` and ``From``, in
-  pages (``PageSize``, ``next_page_uri``).
+- ``GET`` on the same path lists messages filtered by ``To`` and ``From``, in pages
+  (``PageSize`` up to 1000, ``next_page_uri``). Twilio sorts the list by the send date, and a
+  message not sent yet (``accepted``, ``scheduled``, ``queued``) has none, so the list has no
+  creation-time order to rely on.
 
-Outcomes (``classify``): a code in ``PERMANENT_CODES`` is ``Permanent`` whatever the status; a
-code in ``RETRYABLE_CODES``, 408, 429 and 5xx (not 501) are ``Retryable`` (``Retry-After``
-honoured); any other 4xx is ``Permanent``; 2xx with a ``sid`` is ``Delivered``. The error code
-is recorded as the message's code (``delivery dead --code 21211``).
+**Send outcomes** (``classify``), for the codes the create call answers synchronously:
 
-Configuration::
+=====================  ==========  =====================================================
+answer                 outcome     why
+=====================  ==========  =====================================================
+2xx with a ``sid``     Delivered   Twilio accepted it; delivery itself is reported later
+2xx without a ``sid``  Unknown     it may exist: the message's ``on_unknown`` policy
+``RETRYABLE_CODES``    Retryable   20429 too many requests, 21611 the sender's queue full
+``PERMANENT_CODES``    Permanent   20003 auth, 21211 invalid To, 21408 region, 21606 From
+                                   not SMS-capable, 21610 unsubscribed (STOP), 21614 not
+                                   a mobile number, ... (the table below)
+500, 502, 504          Unknown     written, Twilio may have created it (``WRITTEN_STATUS``)
+408, 429, 503, 5xx     Retryable   ``Retry-After`` honoured (501 is Permanent)
+other 4xx              Permanent   the code is kept (``delivery dead --code 21999``)
+=====================  ==========  =====================================================
 
-    [providers.twilio]
-    kind = "twilio"
-    base_url = "https://api.twilio.com"    # the default
-    account_sid = "AC..."
-    auth_token_env = "TWILIO_AUTH_TOKEN"   # the variable holding the auth token
-    from_number = "+15005550006"           # or messaging_service_sid = "MG..."
-    lookup_window = 86400                  # seconds a lookup looks back (default: one day)
-    lookup_pages = 5                       # pages of 100 a lookup reads at most
+Delivery errors (``30xxx``) are never answered by the create call: Twilio reports them
+later, on the message (``status`` ``failed`` or ``undelivered`` with ``error_code``). Only a
+lookup sees them (below). 21214 is a voice code and is not in the table.
 
-**Unknown outcomes.** This API takes no idempotency key: a resend after an unknown outcome
-is a second SMS. The default policy of a channel on this kind is therefore ``lookup``: before
-sending again, the adapter lists the recipient's messages (``To``, and ``From`` when
-``from_number`` is set), newest first, back to ``lookup_window`` by ``date_created``, and takes
-the first one whose body is ours (equal, or ending with ours: trial accounts prefix bodies) as
-ours. Its limits:
+**Unknown outcomes: the lookup.** This API takes no idempotency key: a resend after an
+unknown outcome is a second SMS. The default policy of a channel on this kind is therefore
+``lookup``: before sending again, the adapter lists the recipient's messages (``To``, and
+``From`` when ``from_number`` is set) and keeps those whose body is ours (equal, or ending
+with ours: trial accounts prefix bodies) and whose ``date_created`` is inside
+``lookup_window`` (a message without one counts as inside). It reads the whole list, in any
+order, up to ``lookup_pages`` pages of 100, then judges every match (``judge``):
+
+=========================================  ==============  ===================================
+matches                                    lookup outcome  the sender then
+=========================================  ==============  ===================================
+one is accepted, scheduled, queued,        Found           marks it ``sent`` (its sid)
+sending, sent, delivered, read or
+partially_delivered
+one has a status not in Twilio's list      LookupFailed    looks again later; ``unknown`` for
+                                                           review when attempts run out
+one failed/undelivered with a code in      Undeliverable   ``dead`` with that code, no resend
+``UNDELIVERABLE_CODES``, or a code not in
+either table
+one canceled (at Twilio, by the account)   Undeliverable   ``dead`` code ``CANCELED``: redrive
+                                                           to send it anyway
+only failed/undelivered with a code in     Absent          sends again (after the backoff
+``RESEND_CODES``, or no code                               that preceded the lookup)
+none (or only inbound ones)                Absent          sends again
+=========================================  ==============  ===================================
+
+The rows are tried top to bottom: a message that reached the user wins over an earlier one
+that did not. **Budget:** when the list has more than ``lookup_pages`` pages, Found is still
+Found (what was read is enough), but nothing else can be concluded from part of the list:
+the lookup fails with ``LOOKUP_BUDGET`` and is tried again later; when the message's attempts
+run out it ends ``unknown`` for review. It is never taken for absent, so a long list costs a
+review, never a duplicate.
+
+Its other limits:
 
 - It matches on recipient, sender, body and time, not on our key. An earlier message with
   the same body to the same number inside the window is taken for ours, and ours is then
@@ -40,19 +75,31 @@ ours. Its limits:
   ``date_sent`` and would be missed, which would cause exactly the duplicate we look for.
 - A message Twilio accepted but does not list yet (its list can lag its create by a moment)
   reads as absent and is sent again. The backoff before the lookup is the only guard.
-- More than ``lookup_pages`` pages inside the window is ``LookupFailed`` (looked again later).
+- A resend after a transient delivery error (30003 handset off) is accepted by the create
+  call and recorded ``sent``; if it fails again, only Twilio's message log says so.
 
 A ``StatusCallback`` URL carrying our key was considered and not used: the message resource
 does not return its callback URL, so a list query cannot match on it, and it needs a public
 receiver of Twilio's callbacks.
+
+Configuration (checked at start-up: ``account_sid`` is ``AC`` and 32 hex characters,
+``messaging_service_sid`` ``MG`` and 32 hex characters)::
+
+    [providers.twilio]
+    kind = "twilio"
+    base_url = "https://api.twilio.com"    # the default
+    account_sid = "AC..."
+    auth_token_env = "TWILIO_AUTH_TOKEN"   # the variable holding the auth token
+    from_number = "+15005550006"           # or messaging_service_sid = "MG..."
+    lookup_window = 86400                  # seconds a lookup looks back (default: one day)
+    lookup_pages = 5                       # pages of 100 a lookup reads at most
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import email.utils
-import json
 import os
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import quote
@@ -61,44 +108,48 @@ import httpx
 
 from delivery.config.settings import ProviderConfig
 from delivery.errors import ConfigError
-from delivery.pipeline import outcomes
+from delivery.pipeline.outcomes import (
+    Found,
+    LookupFailed,
+    LookupOutcome,
+    Outcome,
+    Permanent,
+    classify_exception,
+)
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
+from delivery.providers.twilio_contract import (
+    DELIVERED_STATUSES,
+    PERMANENT_CODES,
+    RESEND_CODES,
+    RETRYABLE_CODES,
+    UNDELIVERABLE_CODES,
+    classify,
+    judge,
+    matches_ours,
+    parse_date,
+    parse_json,
+)
 
-__all__ = ["PERMANENT_CODES", "RETRYABLE_CODES", "TwilioProvider", "classify"]
+__all__ = [
+    "DELIVERED_STATUSES",
+    "PERMANENT_CODES",
+    "RESEND_CODES",
+    "RETRYABLE_CODES",
+    "UNDELIVERABLE_CODES",
+    "TwilioProvider",
+    "classify",
+    "judge",
+]
 
 API_VERSION = "2010-04-01"
 PAGE_SIZE = 100
-
-# Twilio error codes that will fail the same way every time (twilio.com/docs/errors/NNNNN).
-PERMANENT_CODES: Mapping[int, str] = {
-    20003: "authentication failed (account sid or auth token)",
-    20404: "resource not found (account sid)",
-    21211: "invalid 'To' phone number",
-    21212: "invalid 'From' phone number",
-    21214: "'To' phone number cannot be reached",
-    21408: "permission to send an SMS has not been enabled for the region",
-    21602: "message body is required",
-    21603: "'From' phone number is required",
-    21604: "'To' phone number is required",
-    21606: "the 'From' number is not a valid message-capable phone number",
-    21608: "the 'To' number is not verified (trial account)",
-    21610: "attempt to send to an unsubscribed recipient (STOP)",
-    21612: "the 'To' number is not reachable via SMS from this 'From' number",
-    21614: "'To' number is not a valid mobile number",
-    21617: "the message body exceeds the 1600 character limit",
-    # Delivery errors (normally reported on the message later, here if a compatible API
-    # answers them at once). 30003 (handset switched off) and 30008 (unknown) are transient.
-    30004: "message blocked (by the recipient or the carrier)",
-    30005: "unknown destination handset",
-    30006: "landline or unreachable carrier",
-    30007: "message filtered by the carrier",
-}
-# Codes that ask us to come back, whatever the status says.
-RETRYABLE_CODES: Mapping[int, str] = {
-    20429: "too many requests",
-    21611: "the 'From' number's queue is full",
+#: A page of 100 message resources is some 100-200 KB: the body limit of a list query.
+LIST_LIMIT = 1024 * 1024
+SIDS = {
+    "account_sid": re.compile(r"AC[0-9a-fA-F]{32}"),
+    "messaging_service_sid": re.compile(r"MG[0-9a-fA-F]{32}"),
 }
 
 
@@ -128,6 +179,15 @@ class TwilioProvider(PooledClient):
             raise ConfigError(
                 "from_number", "set exactly one of from_number and messaging_service_sid"
             )
+        for name, pattern in SIDS.items():
+            value = options.get(name)
+            if value is not None and not pattern.fullmatch(str(value)):
+                prefix = pattern.pattern[:2]
+                raise ConfigError(
+                    name,
+                    f"is not a Twilio SID: {prefix} and 32 hex characters expected "
+                    f"(got {len(str(value))} characters starting {str(value)[:2]!r})",
+                )
         if options.get("lookup_window", 1.0) <= 0:
             raise ConfigError("lookup_window", "must be > 0")
         if options.get("lookup_pages", 1) < 1:
@@ -155,21 +215,20 @@ class TwilioProvider(PooledClient):
             headers={"Accept": "application/json"},
         )
 
-    def send(self, envelope: Envelope) -> outcomes.Outcome:
+    def send(self, envelope: Envelope) -> Outcome:
         if not self._has_token:
-            return outcomes.Permanent(
-                "NO_CREDENTIALS", f"environment variable {self._token_env} is unset"
-            )
+            return Permanent("NO_CREDENTIALS", f"environment variable {self._token_env} is unset")
         body = envelope.payload.get("body")
         if not isinstance(body, str) or not body:
-            return outcomes.Permanent("PAYLOAD_INVALID", "a Twilio SMS needs a non-empty 'body'")
+            return Permanent("PAYLOAD_INVALID", "a Twilio SMS needs a non-empty 'body'")
         form = {"To": envelope.to, **self._sender, "Body": body}
         return self._post(classify, self._path, data=form)
 
-    def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
-        """Find our message by recipient, sender, body and time window (see the docstring)."""
+    def lookup(self, envelope: Envelope) -> LookupOutcome:
+        """Find our message by recipient, sender, body and time window, reading the whole
+        list within the page budget, and judge what Twilio says of it (module docstring)."""
         if not self._has_token:
-            return outcomes.LookupFailed(
+            return LookupFailed(
                 "NO_CREDENTIALS", f"environment variable {self._token_env} is unset"
             )
         body = str(envelope.payload.get("body", ""))
@@ -179,85 +238,35 @@ class TwilioProvider(PooledClient):
             params["From"] = self._sender["From"]
         url: str = self._path
         query: dict[str, str | int] | None = params
+        matches: list[Mapping[str, Any]] = []
+        status = 200
         for _ in range(self._pages):
             try:
-                response = self._client.get(url, params=query)
+                response = self._exchange("GET", url, limit=LIST_LIMIT, params=query)
             except httpx.HTTPError as exc:
-                return outcomes.LookupFailed(outcomes.classify_exception(exc).code, str(exc)[:500])
-            page = _json(response)
-            if response.status_code != 200 or not isinstance(page, dict):
+                return LookupFailed(classify_exception(exc).code, str(exc)[:500])
+            page = parse_json(response)
+            status = response.status_code
+            if status != 200 or not isinstance(page, dict):
                 outcome = classify(response)
-                code = getattr(outcome, "code", f"HTTP_{response.status_code}")
-                return outcomes.LookupFailed(
-                    code, f"list query: {getattr(outcome, 'reason', '')}", response.status_code
-                )
+                code = getattr(outcome, "code", f"HTTP_{status}")
+                return LookupFailed(code, f"list query: {getattr(outcome, 'reason', '')}", status)
             for message in page.get("messages") or []:
-                created = _date(message.get("date_created"))
-                if created is not None and created < since:
-                    return outcomes.Absent(response.status_code)
-                if _ours(message, envelope.to, body) and message.get("sid"):
-                    return outcomes.Found(str(message["sid"]), response.status_code)
+                if not isinstance(message, dict) or not matches_ours(message, envelope.to, body):
+                    continue
+                created = parse_date(message.get("date_created"))
+                if created is None or created >= since:  # the list is in no creation order
+                    matches.append(message)
             next_uri = page.get("next_page_uri")
             if not next_uri:
-                return outcomes.Absent(response.status_code)
+                return judge(matches, complete=True, http_status=status)
             url, query = str(next_uri), None
-        return outcomes.LookupFailed(
-            "LOOKUP_TOO_MANY",
-            f"more than {self._pages} pages of messages to this number inside the window",
+        verdict = judge(matches, complete=False, http_status=status)
+        if isinstance(verdict, Found):
+            return verdict
+        return LookupFailed(
+            "LOOKUP_BUDGET",
+            f"read {self._pages} pages of messages to this number without finding ours; "
+            "the rest of the list was not read",
+            status,
         )
-
-
-def classify(response: httpx.Response) -> outcomes.Outcome:
-    """Map one answer of the Messages API to an outcome (the table in the module docstring)."""
-    status = response.status_code
-    body = _json(response)
-    if 200 <= status < 300:
-        sid = body.get("sid") if isinstance(body, dict) else None
-        if sid:
-            return outcomes.Delivered(str(sid), status)
-        return outcomes.Unknown("NO_PROVIDER_REF", f"HTTP {status} without a message sid", status)
-    raw = body.get("code") if isinstance(body, dict) else None
-    code = int(raw) if isinstance(raw, int) or (isinstance(raw, str) and raw.isdigit()) else None
-    name = str(code) if code is not None else f"HTTP_{status}"
-    message = body.get("message") if isinstance(body, dict) else None
-    reason = (
-        str(message)[:500]
-        if message
-        else (PERMANENT_CODES.get(code or 0) or f"HTTP {status} {response.reason_phrase}")
-    )
-    if code in PERMANENT_CODES:
-        return outcomes.Permanent(name, reason, status)
-    if code in RETRYABLE_CODES or status in (408, 429) or (status >= 500 and status != 501):
-        return outcomes.Retryable(
-            name, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
-        )
-    return outcomes.Permanent(name, reason, status)
-
-
-def _ours(message: Mapping[str, Any], to: str, body: str) -> bool:
-    text = message.get("body")
-    return (
-        message.get("to") == to
-        and message.get("direction", "outbound-api") != "inbound"
-        and isinstance(text, str)
-        and bool(body)
-        and (text == body or text.endswith(body))
-    )
-
-
-def _date(value: Any) -> dt.datetime | None:
-    """Twilio's dates are RFC 2822 (``Thu, 24 Aug 2023 05:01:45 +0000``)."""
-    if not isinstance(value, str):
-        return None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError):
-        return None
-    return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
-
-
-def _json(response: httpx.Response) -> Any:
-    try:
-        return json.loads(response.content) if response.content else None
-    except ValueError:
-        return None

@@ -9,14 +9,26 @@ Each message is ``POST``-ed as JSON (its ``payload``, compact) to its own URL (t
 - ``webhook-signature``: ``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``, one per
   secret, space-separated.
 
-Secrets come from the environment variable named by ``secret_env``. A secret ``whsec_<base64>``
-is the spec's form (the key is the decoded bytes); any other value is used as UTF-8 bytes.
-Several secrets separated by spaces sign with each (rotation: receivers accept any).
+Secrets come from the environment variable named by ``secret_env``, in the spec's form only:
+``whsec_`` + base64 of at least 24 random bytes (padding optional), exactly what the reference
+library (``standardwebhooks.Webhook(secret)``) reads, so a receiver using it verifies us. Any
+other value is a ``ConfigError`` naming ``providers.NAME.secret_env`` when settings load in a
+process that has the variable, and ``Permanent`` ``NO_CREDENTIALS`` at send time in one that
+has not (nothing goes out unsigned). Several secrets separated by spaces sign with each
+(rotation: receivers accept any).
+
+Where it may connect (``delivery.providers.egress``): never to a loopback, private,
+link-local, multicast or reserved address, checked on the address actually connected to,
+unless ``allow_hosts`` or ``allow_networks`` says so; ``https_only`` refuses plain http. A
+refused URL is ``Permanent`` ``WEBHOOK_ADDRESS_BLOCKED`` (or ``WEBHOOK_URL_REFUSED``) without a
+connection, and ``enqueue`` already refuses what is known without DNS (``InvalidMessage``, field
+``to``).
 
 Outcomes (``classify``):
 
 | answer | outcome |
 |---|---|
+| address refused by the guard (no connection made) | ``Permanent`` ``WEBHOOK_ADDRESS_BLOCKED`` |
 | 2xx | ``Delivered(None)``: receivers give no reference |
 | any non-2xx with ``Webhook-Stop-Retries: true`` | ``Permanent`` ``RECEIVER_STOPPED`` |
 | 410 Gone | ``Permanent`` ``GONE``: the endpoint is dead |
@@ -30,6 +42,9 @@ Configuration::
     [providers.hooks]
     kind = "webhook"
     secret_env = "WEBHOOK_SECRET"       # e.g. whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
+    allow_hosts = ["hooks.internal"]    # optional: internal receivers, by name (or *.suffix)
+    allow_networks = ["10.1.0.0/16"]    # optional: internal receivers, by address
+    https_only = false                  # true: refuse http:// URLs
 """
 
 from __future__ import annotations
@@ -42,33 +57,56 @@ import json
 import os
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
+from urllib.parse import urlsplit
 
 import httpx
 
 from delivery.config.settings import ProviderConfig
-from delivery.errors import ConfigError
+from delivery.errors import ConfigError, InvalidMessage
 from delivery.pipeline import outcomes
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
+from delivery.providers.egress import Egress, GuardError, blocked, scrub
 
-__all__ = ["STOP_HEADER", "WebhookProvider", "classify", "decode_secrets", "sign"]
+__all__ = [
+    "MIN_SECRET_BYTES",
+    "STOP_HEADER",
+    "WebhookProvider",
+    "classify",
+    "decode_secrets",
+    "sign",
+]
 
 STOP_HEADER = "Webhook-Stop-Retries"
 _RETRY_STATUS = frozenset({408, 425, 429})
 
 
+MIN_SECRET_BYTES = 24
+SECRET_PREFIX = "whsec_"
+
+
 def decode_secrets(value: str) -> list[bytes]:
-    """The signing keys in ``value`` (space-separated; ``whsec_`` means base64)."""
+    """The signing keys in ``value``: space-separated ``whsec_<base64>`` secrets (unpadded
+    base64 accepted), each at least ``MIN_SECRET_BYTES`` long; ``ValueError`` otherwise."""
     keys = []
-    for secret in value.split():
-        if secret.startswith("whsec_"):
-            try:
-                keys.append(base64.b64decode(secret.removeprefix("whsec_"), validate=True))
-            except binascii.Error:
-                raise ValueError("a whsec_ secret must be base64 after the prefix") from None
-        else:
-            keys.append(secret.encode())
+    for n, secret in enumerate(value.split(), start=1):
+        if not secret.startswith(SECRET_PREFIX):
+            raise ValueError(f"secret {n} must start with {SECRET_PREFIX!r} (Standard Webhooks)")
+        text = secret.removeprefix(SECRET_PREFIX)
+        try:
+            key = base64.b64decode(text + "=" * (-len(text) % 4), validate=True)
+        except binascii.Error:
+            raise ValueError(f"secret {n} must be base64 after {SECRET_PREFIX!r}") from None
+        if len(key) < MIN_SECRET_BYTES:
+            raise ValueError(
+                f"secret {n} is {len(key)} bytes; Standard Webhooks wants at least "
+                f"{MIN_SECRET_BYTES} random bytes"
+            )
+        keys.append(key)
+    if not keys:
+        raise ValueError("is empty")
     return keys
 
 
@@ -84,7 +122,12 @@ def sign(keys: list[bytes], msg_id: str, timestamp: int, body: bytes) -> str:
 class WebhookProvider(PooledClient):
     """POSTs signed JSON to each message's own URL; see the module docstring."""
 
-    config_keys: Mapping[str, type] = {"secret_env": str}
+    config_keys: Mapping[str, type] = {
+        "secret_env": str,
+        "allow_hosts": list,
+        "allow_networks": list,
+        "https_only": bool,
+    }
     default_on_unknown = UnknownPolicy.RETRY
     supports_lookup = False
     default_base_url = ""  # not used: each message carries its URL
@@ -93,6 +136,21 @@ class WebhookProvider(PooledClient):
     def check_config(cls, config: ProviderConfig) -> None:
         if "secret_env" not in config.options:
             raise ConfigError("secret_env", "is required for kind 'webhook' (signing secret)")
+        Egress.from_options(config.options)
+        name = str(config.options["secret_env"])
+        value = os.environ.get(name)
+        if value is not None:  # a process that only enqueues need not hold the secret
+            try:
+                decode_secrets(value)
+            except ValueError as exc:
+                raise ConfigError("secret_env", f"environment variable {name}: {exc}") from None
+
+    @classmethod
+    def check_recipient(cls, config: ProviderConfig, to: str) -> None:
+        """Refuse at ``enqueue`` a URL that can never be sent to (see ``Egress.refusal``)."""
+        problem = Egress.from_options(config.options).refusal(to)
+        if problem is not None:
+            raise InvalidMessage("to", problem)
 
     def __init__(
         self,
@@ -107,10 +165,13 @@ class WebhookProvider(PooledClient):
         try:
             self._keys = decode_secrets(os.environ.get(self._secret_env, ""))
         except ValueError as exc:
-            self._problem = f"environment variable {self._secret_env}: {exc}"
-        if not self._keys and self._problem is None:
-            self._problem = f"environment variable {self._secret_env} is unset or empty"
-        super().__init__(config, transport, follow_redirects=False)
+            self._problem = (
+                f"providers.{config.name}.secret_env: environment variable {self._secret_env} "
+                f"{'is unset' if self._secret_env not in os.environ else exc}"
+            )
+        self._egress = Egress.from_options(config.options)
+        guarded = transport if transport is not None else self._egress.transport()
+        super().__init__(config, guarded, follow_redirects=False)
 
     def send(self, envelope: Envelope) -> outcomes.Outcome:
         if self._problem is not None:  # never send unsigned
@@ -125,7 +186,17 @@ class WebhookProvider(PooledClient):
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(self._keys, envelope.key, timestamp, body),
         }
-        return self._post(classify, envelope.to, content=body, headers=headers)
+        host = urlsplit(envelope.to).hostname or ""
+        try:
+            outcome = self._post(classify, envelope.to, content=body, headers=headers)
+        except GuardError as exc:  # refused before any connection was made
+            return blocked(exc, host)
+        if (
+            isinstance(outcome, outcomes.Retryable | outcomes.Unknown)
+            and outcome.http_status is None
+        ):
+            return replace(outcome, reason=scrub(outcome.reason, host))  # a network error
+        return outcome
 
     def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
         return outcomes.LookupFailed("NO_LOOKUP", "a webhook receiver cannot be asked; use 'retry'")

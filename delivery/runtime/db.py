@@ -18,7 +18,9 @@ _INI = Path(__file__).parents[1] / "alembic.ini"  # delivery/alembic.ini, shippe
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for the outbox. SQLite gets WAL and a busy timeout so that several
-    processes (app, relay, workers) can share one file."""
+    processes (app, relay, workers) can share one file. Statement parameters (recipients,
+    payloads) are kept out of the engine's error messages and logs (G6)."""
+    kwargs.setdefault("hide_parameters", True)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":

@@ -58,10 +58,6 @@ cap = 2.0
 kind = "http"
 base_url = "{stub_url}"
 
-[providers.stub.breaker]  # the demo's faults are many but brief: trip only on a real outage
-failure_threshold = 50
-window = 10
-
 [channels.sms]
 provider = "stub"
 on_unknown = "retry"

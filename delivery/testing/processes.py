@@ -11,6 +11,19 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: on Linux, ask for SIGTERM when the parent dies, so that a
+    demo or test run killed outright (SIGKILL, a CI timeout) leaves no worker, beat or stub
+    behind to take the next run's messages."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 __all__ = ["ServiceProcess", "beat", "stub_provider", "worker"]
 
 
@@ -43,6 +56,7 @@ class ServiceProcess:
                 env=self.env,
                 cwd=self.cwd,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:

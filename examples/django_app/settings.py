@@ -1,16 +1,21 @@
 """Settings of the Django example.
 
-One URL drives both Django and the worker: ``DELIVERY_DATABASE_URL`` (a SQLAlchemy URL such as
-``postgresql+psycopg://app:secret@127.0.0.1:5432/app``) becomes ``DATABASES["default"]``, and
-``delivery.contrib.django`` hands the same database to ``delivery`` (PostgreSQL only). Without
-it, ``postgresql+psycopg://127.0.0.1:5432/delivery_example``. Secrets come from the environment
-only (``DJANGO_SECRET_KEY``, the URL's password).
+One URL drives Django and everything outside it: ``DELIVERY_DATABASE_URL`` (a SQLAlchemy URL
+such as ``postgresql+psycopg://app:secret@127.0.0.1:5432/app``) becomes
+``DATABASES["default"]`` here, and is what ``delivery db upgrade``, the Celery worker and beat
+read: they never see Django's settings. It is required (PostgreSQL only), so that Django and
+the worker cannot end up on two different databases. Secrets come from the environment only
+(``DJANGO_SECRET_KEY``, the URL's password). ``DJANGO_DEBUG=1`` turns on Django's debug mode,
+in which ``runserver`` also serves the admin's CSS and JavaScript (``run.sh`` sets it); without
+it, run ``collectstatic`` into ``STATIC_ROOT`` and serve that folder.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
+from django.core.exceptions import ImproperlyConfigured
 from sqlalchemy.engine import make_url
 
 DEBUG = os.environ.get("DJANGO_DEBUG") == "1"
@@ -20,6 +25,7 @@ ROOT_URLCONF = "examples.django_app.urls"
 USE_TZ = True
 TIME_ZONE = "UTC"
 STATIC_URL = "static/"
+STATIC_ROOT = os.environ.get("DJANGO_STATIC_ROOT", str(Path.cwd() / ".delivery" / "static"))
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 INSTALLED_APPS = [
@@ -67,9 +73,11 @@ def database(url: str) -> dict[str, object]:
     }
 
 
-DATABASES = {
-    "default": database(
-        os.environ.get("DELIVERY_DATABASE_URL")
-        or "postgresql+psycopg://127.0.0.1:5432/delivery_example"
+_URL = os.environ.get("DELIVERY_DATABASE_URL")
+if not _URL:
+    raise ImproperlyConfigured(
+        "DELIVERY_DATABASE_URL is not set: set it to your PostgreSQL database "
+        "(postgresql+psycopg://user:password@host:5432/name); Django, delivery db upgrade, "
+        "the worker and beat all read it"
     )
-}
+DATABASES = {"default": database(_URL)}

@@ -1,5 +1,6 @@
 """A Flask + Flask-SQLAlchemy app whose ``POST /signup`` creates a user and enqueues a welcome
-email in the same transaction. Run it with ``python -m examples.flask_app``."""
+email in the same transaction. Run it, with the outbox, the stub provider, a worker and
+beat, with ``examples/flask_app/run.sh`` (README, "Flask")."""
 
 from examples.flask_app.app import User, create_app, db, register_user
 

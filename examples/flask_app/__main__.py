@@ -1,5 +1,9 @@
-"""``python -m examples.flask_app``: create the app's tables and serve it (Flask's server;
-put gunicorn or similar in front for production). ``HOST``/``PORT`` choose the address."""
+"""``python -m examples.flask_app``: create the app's table and serve it (Flask's server;
+put gunicorn or similar in front for production). ``HOST``/``PORT`` choose the address.
+
+The outbox must exist already (``delivery db upgrade``, with the same
+``DELIVERY_DATABASE_URL``), and a worker, beat and a provider must run for the email to go
+out: ``examples/flask_app/run.sh`` starts all of them."""
 
 from __future__ import annotations
 

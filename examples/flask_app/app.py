@@ -1,11 +1,12 @@
 """The Flask example: a user and their welcome email commit together, or neither does.
 
-Configuration (environment): ``DATABASE_URL`` is the app's database (default: SQLite in the
-current folder); the outbox lives there too unless ``DELIVERY_DATABASE_URL`` says otherwise.
-``DELIVERY_BROKER_URL`` and the other ``DELIVERY_*`` variables are read by the extension
-(``delivery.contrib.flask``) and by the worker alike. Create the outbox tables with
-``delivery db upgrade`` and the app's own with ``db.create_all()`` (``python -m
-examples.flask_app`` does the latter).
+Configuration (environment), the same for the app, ``delivery db upgrade``, the worker and
+beat: ``DELIVERY_DATABASE_URL`` is the outbox *and* the app's own tables, one database, so
+that the user and the message commit in one transaction (default: delivery's embedded
+SQLite file in ``./.delivery``). ``DELIVERY_BROKER_URL`` and the other ``DELIVERY_*``
+variables are read by the extension (``delivery.contrib.flask``) and by the worker alike.
+``examples/flask_app/run.sh`` runs the whole example; by hand: ``delivery db upgrade`` for
+the outbox, then ``python -m examples.flask_app`` (which creates the app's table).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Any
 from flask import Flask, request
 from flask_sqlalchemy import SQLAlchemy
 from sqlalchemy import String, text
+from sqlalchemy.engine import make_url
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
@@ -54,12 +56,24 @@ def register_user(email: str) -> tuple[User, delivery.Message]:
     return user, message
 
 
+def database_url() -> str:
+    """The outbox's database, which is the app's too: ``DELIVERY_DATABASE_URL``, or delivery's
+    embedded default. A relative SQLite path is made absolute, since Flask-SQLAlchemy would
+    otherwise look for it under the app's instance folder, not where the worker does."""
+    url = make_url(delivery.load_settings().database_url)
+    path = url.database
+    if url.get_backend_name() == "sqlite" and path and path != ":memory:":
+        url = url.set(database=os.path.abspath(path))
+    return url.render_as_string(hide_password=False)
+
+
 def create_app(config: Mapping[str, Any] | None = None) -> Flask:
     """The app; ``config`` overrides the defaults read from the environment."""
     app = Flask(__name__)
-    app.config["SQLALCHEMY_DATABASE_URI"] = os.environ.get(
-        "DATABASE_URL", "sqlite:///example-flask.sqlite3"
-    )
+    app.config["SQLALCHEMY_DATABASE_URI"] = database_url()
+    if app.config["SQLALCHEMY_DATABASE_URI"].startswith("sqlite"):
+        # The worker and beat write to the same file: wait for their locks, as they do.
+        app.config["SQLALCHEMY_ENGINE_OPTIONS"] = {"connect_args": {"timeout": 30}}
     app.config.update(config or {})
     db.init_app(app)
     outbox.init_app(app)

@@ -47,6 +47,7 @@ class Message(models.Model):
     )
     attempts: models.IntegerField[int, int] = models.IntegerField()
     max_attempts: models.IntegerField[int, int] = models.IntegerField()
+    budget_start: models.IntegerField[int, int] = models.IntegerField(default=0)
     needs_lookup: models.BooleanField[bool, bool] = models.BooleanField()
     next_attempt_at: models.DateTimeField[dt.datetime, dt.datetime] = models.DateTimeField()
     lease_expires_at: models.DateTimeField[dt.datetime | None, dt.datetime | None] = (

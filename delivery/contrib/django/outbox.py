@@ -13,6 +13,7 @@ from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, transaction
 
+from delivery.config.settings import Settings
 from delivery.contrib.django.connection import borrowed_session
 from delivery.contrib.nudge import installed, nudge_after_commit
 from delivery.pipeline import outbox
@@ -24,7 +25,7 @@ __all__ = ["enqueue"]
 
 def enqueue(
     *,
-    channel: str,
+    channel: str | None = None,
     to: str,
     payload: dict[str, Any],
     key: str | None = None,
@@ -32,12 +33,15 @@ def enqueue(
     on_unknown: str | None = None,
     max_attempts: int | None = None,
     send_at: Any = None,
+    type: str | None = None,
+    settings: Settings | None = None,
     using: str = DEFAULT_DB_ALIAS,
 ) -> Message:
     """Write one message in Django's current transaction on ``using`` and return it.
 
-    The arguments, the errors (``InvalidMessage`` naming the field, ``IdempotencyConflict``)
-    and the same-key-same-payload rule are those of ``delivery.enqueue``; the returned
+    The keyword arguments are exactly ``delivery.enqueue``'s (``type=`` included; a test
+    compares the two signatures) plus ``using``, and so are the errors (``InvalidMessage``
+    naming the field, ``IdempotencyConflict``) and the same-key-same-payload rule; the returned
     ``delivery.Message`` is detached (the Django model is
     ``delivery.contrib.django.models.Message``). Never commits.
     """
@@ -52,6 +56,8 @@ def enqueue(
             on_unknown=on_unknown,
             max_attempts=max_attempts,
             send_at=send_at,
+            type=type,
+            settings=settings,
         )
         if message.status == Status.PENDING.value and installed():
             # The nudge claims only rows that are pending and due, so nudging a message that

@@ -1,7 +1,7 @@
 """Audit of operator actions, and the indexes of the ops console's pages.
 
-Revision ID: 0003
-Revises: 0002
+Revision ID: 0004_audit
+Revises: 0003_fence
 """
 
 import sqlalchemy as sa
@@ -9,8 +9,8 @@ from alembic import op
 
 from delivery.pipeline.models import UTCDateTime
 
-revision = "0003"
-down_revision = "0002"
+revision = "0004_audit"
+down_revision = "0003_fence"
 branch_labels = None
 depends_on = None
 

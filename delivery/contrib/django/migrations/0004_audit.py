@@ -1,11 +1,11 @@
 """State only (the models are unmanaged): the audit of operator actions, as Alembic revision
-0003 creates ``delivery_audit``."""
+0004_audit creates ``delivery_audit``."""
 
 from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-    dependencies = [("delivery_outbox", "0002_types_ttl")]
+    dependencies = [("delivery_outbox", "0003_fence")]
 
     operations = [
         migrations.CreateModel(

@@ -1,0 +1,79 @@
+"""Leases a live worker renews on the messages it holds, so that a dead worker's messages
+come back in seconds (issue 12 §2, guarantee G8).
+
+A message a worker holds is ``dispatched`` (prefetched, waiting for a free slot, or a short
+retry whose countdown has run out) or ``sending`` (in the provider call). Its worker renews
+their leases every ``hold_lease / 3`` s to ``now + hold_lease`` (``renew_held``: one
+conditional UPDATE per status, the status as its fence); a killed worker stops renewing, and
+the sweeper recovers its rows ``hold_lease`` s after the last renewal, not after the relay's
+``dispatch_lease`` (which only covers a task still waiting in the broker, held by nobody) or
+the ``send_lease``.
+
+A ``sending`` row is renewed only while its attempt is younger than ``send_lease`` minus
+``hold_lease``: its lease never goes past ``send_lease`` after the call started, which exceeds
+the provider's total timeout. So a hung call is still taken for dead at ``send_lease``, and a
+live one is never taken for dead while its worker renews.
+
+The window it leaves: a task the worker received in the last few milliseconds before it
+died (before the keeper's next look, every 20 ms, and its UPDATE) still has the relay's
+``dispatch_lease`` and comes back after it.
+
+Like every lifeline (Oban's), this can cause a duplicate: a live worker that cannot reach the
+database for ``hold_lease`` s loses its rows to the sweeper, and a send then in flight may be
+made again with the same key (the provider dedupes; ``give_up`` parks it as ``unknown``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection
+from dataclasses import dataclass
+
+from sqlalchemy import Connection, update
+
+from delivery.pipeline.models import messages_table, utcnow
+from delivery.pipeline.status import Status
+
+__all__ = ["Renewed", "renew_held"]
+
+
+@dataclass(frozen=True, slots=True)
+class Renewed:
+    """How many ``dispatched`` and ``sending`` rows one renewal extended."""
+
+    dispatched: int
+    sending: int
+
+
+def renew_held(
+    conn: Connection,
+    ids: Collection[int],
+    *,
+    hold_lease: float,
+    send_lease: float,
+    now: dt.datetime | None = None,
+) -> Renewed:
+    """Set the lease of the held rows ``ids`` to ``now + hold_lease``: ``dispatched`` ones
+    always (a short retry keeps its own, later lease until it is due), ``sending`` ones only
+    while their attempt started less than ``send_lease - hold_lease`` ago. Rows in any other
+    status are left alone (the fence), so a late renewal never revives a settled message."""
+    if not ids:
+        return Renewed(0, 0)
+    now = now or utcnow()
+    until = now + dt.timedelta(seconds=hold_lease)
+    m = messages_table.c
+    held = sorted(set(ids))
+    dispatched = conn.execute(
+        update(messages_table)
+        .where(m.id.in_(held), m.status == Status.DISPATCHED.value)
+        .where(m.next_attempt_at <= now)
+        .values(lease_expires_at=until)
+    ).rowcount
+    newest = now - dt.timedelta(seconds=max(send_lease - hold_lease, 0.0))
+    sending = conn.execute(
+        update(messages_table)
+        .where(m.id.in_(held), m.status == Status.SENDING.value)
+        .where(m.updated_at > newest)  # updated_at: when this attempt took the row
+        .values(lease_expires_at=until)
+    ).rowcount
+    return Renewed(dispatched, sending)
