@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -55,10 +56,11 @@ def rows(engine: Engine, table: str) -> list[str]:
 def test_extension_reads_app_config_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """DELIVERY_* keys in app.config win over the environment, the app's database is the
     default outbox, DELIVERY_OPTIONS configures channels, and the nudge gets installed."""
+    before = delivery.get_settings()  # the suite's, restored at the end
+    broker = os.environ["DELIVERY_BROKER_URL"]
     monkeypatch.delenv("DELIVERY_DATABASE_URL")
     monkeypatch.delenv("DELIVERY_CONFIG")
     monkeypatch.setenv("DELIVERY_HOME", "/from-environment")
-    before = delivery.get_settings()
     app = Flask("config-test")
     app.config.update(
         SQLALCHEMY_DATABASE_URI="postgresql+psycopg://app@db/app",
@@ -75,7 +77,7 @@ def test_extension_reads_app_config_then_environment(monkeypatch: pytest.MonkeyP
         assert app.extensions["delivery"] is ext and ext.settings is settings
         assert settings.database_url == "postgresql+psycopg://app@db/app"
         assert settings.home == "/from-app-config"
-        assert settings.broker_url == before.broker_url  # from the environment
+        assert settings.broker_url == broker  # from the environment
         assert settings.max_attempts == 3
         assert list(settings.channels) == ["sms"]
         assert settings.channels["sms"].on_unknown.value == "give_up"

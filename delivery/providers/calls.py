@@ -33,6 +33,7 @@ from delivery.pipeline.outcomes import (
     Outcome,
     Permanent,
     Retryable,
+    Undeliverable,
     Unknown,
     bounded,
     classify_exception,
@@ -68,7 +69,7 @@ def lookup(provider: Provider, envelope: Envelope) -> LookupOutcome:
         _log(provider, "lookup", envelope, exc)
         failed = from_exception(exc)
         found = LookupFailed(failed.code, failed.reason, failed.http_status)
-    if not isinstance(found, Found | Absent | LookupFailed):
+    if not isinstance(found, Found | Absent | LookupFailed | Undeliverable):
         _log_bad(provider, "lookup", envelope, found)
         found = LookupFailed(ADAPTER_BAD_OUTCOME, f"lookup returned {type(found).__name__}")
     return bounded(found, envelope.to)

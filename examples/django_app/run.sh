@@ -23,6 +23,9 @@ STUB_PORT="${STUB_PORT:-9090}"
 export DJANGO_DEBUG="${DJANGO_DEBUG:-1}"
 export DELIVERY_HOME="${DELIVERY_HOME:-.delivery}"
 mkdir -p "$DELIVERY_HOME"
+# Every process here (runserver, worker, beat) shares this broker: a file broker in
+# $DELIVERY_HOME unless you name another.
+export DELIVERY_BROKER_URL="${DELIVERY_BROKER_URL:-filesystem://}"
 if [ -z "${DELIVERY_CONFIG:-}" ]; then
   export DELIVERY_CONFIG="$DELIVERY_HOME/example.toml"
   printf '[providers.stub]\nkind = "http"\nbase_url = "http://127.0.0.1:%s"\n' "$STUB_PORT" \

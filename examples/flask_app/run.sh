@@ -18,6 +18,10 @@ PORT="${PORT:-5000}"
 STUB_PORT="${STUB_PORT:-9090}"
 export DELIVERY_HOME="${DELIVERY_HOME:-.delivery}"
 mkdir -p "$DELIVERY_HOME"
+# Named for every process here (app, worker, beat), so that all of them share one outbox and
+# one broker: a half-configured process would refuse to start.
+export DELIVERY_DATABASE_URL="${DELIVERY_DATABASE_URL:-sqlite:///$(cd "$DELIVERY_HOME" && pwd)/outbox.sqlite3}"
+export DELIVERY_BROKER_URL="${DELIVERY_BROKER_URL:-filesystem://}"
 if [ -z "${DELIVERY_CONFIG:-}" ]; then
   export DELIVERY_CONFIG="$DELIVERY_HOME/example.toml"
   printf '[providers.stub]\nkind = "http"\nbase_url = "http://127.0.0.1:%s"\n' "$STUB_PORT" \
