@@ -35,7 +35,21 @@ fi
 pids=()
 stop() {
   trap - EXIT INT TERM
-  if [ "${#pids[@]}" -gt 0 ]; then kill "${pids[@]}" 2>/dev/null || true; fi
+  if [ "${#pids[@]}" -gt 0 ]; then
+    kill "${pids[@]}" 2>/dev/null || true
+    # A worker whose warm shutdown hangs must not outlive Ctrl-C: 20 s, then SIGKILL (and
+    # its pool's children).
+    for _ in $(seq 40); do
+      alive=0
+      for pid in "${pids[@]}"; do if kill -0 "$pid" 2>/dev/null; then alive=1; fi; done
+      [ "$alive" = 1 ] || break
+      sleep 0.5
+    done
+    for pid in "${pids[@]}"; do
+      pkill -KILL -P "$pid" 2>/dev/null || true
+      kill -KILL "$pid" 2>/dev/null || true
+    done
+  fi
   wait || true
 }
 trap stop EXIT INT TERM
