@@ -3,7 +3,8 @@
 Started on ``worker_ready`` in the worker's main process (the one that reserves tasks from the
 broker, for every pool), stopped on ``worker_shutdown``. Every ``hold_lease / 3`` s, and
 within ``POLL`` s of the worker receiving a task, it reads
-the ``delivery.deliver`` requests the worker has reserved, is running or holds for a
+the ``delivery.deliver`` and ``delivery.deliver_batch`` requests (every message a batch
+carries) the worker has reserved, is running or holds for a
 countdown (``celery.worker.state``) and renews their rows in one round trip
 (``delivery.pipeline.leases.renew_held``), on an engine of its own created after the pool
 forked. A killed worker stops renewing, and beat's sweeper returns its messages
@@ -32,6 +33,7 @@ __all__ = ["Keeper", "held_ids", "renew_once", "start_keeper", "stop_keeper"]
 log = logging.getLogger("delivery.worker")
 
 DELIVER = "delivery.deliver"
+DELIVER_BATCH = "delivery.deliver_batch"
 
 
 class Keeper(Loop):
@@ -69,8 +71,8 @@ _engine: Engine | None = None
 
 
 def held_ids() -> set[int]:
-    """Message ids of the deliver tasks this worker has reserved, is running, or holds until
-    their countdown."""
+    """Message ids of the deliver tasks (and of every message of a batch task) this worker has
+    reserved, is running, or holds until their countdown."""
     ids: set[int] = set()
     for _ in range(3):  # the sets change under us while the consumer works; try again
         try:
@@ -85,11 +87,13 @@ def held_ids() -> set[int]:
     else:
         requests = list(state.requests.values())
     for request in requests:
-        if getattr(request, "name", None) != DELIVER:
-            continue
+        name = getattr(request, "name", None)
         args = getattr(request, "args", None) or ()
-        if args and isinstance(args[0], int):
+        if name == DELIVER and args and isinstance(args[0], int):
             ids.add(args[0])
+        elif name == DELIVER_BATCH and args and isinstance(args[0], list | tuple):
+            # a batch holds every message it carries: [[id, key], ...]
+            ids.update(pair[0] for pair in args[0] if pair and isinstance(pair[0], int))
     return ids
 
 

@@ -80,12 +80,17 @@ def relay_pass() -> int:
     if _pressure is None:
         _pressure = Backpressure(settings.dispatch_lease, min(settings.relay_batch, FLOOR))
     pressure = _pressure
-    rooms = pressure.rooms(queue_depths(), time.monotonic())
+    # The broker counts tasks, and a task carries up to batch_size messages: the rooms are
+    # in tasks, the relay's caps in messages.
+    size = max(settings.batch_size, 1)
+    rooms = {
+        queue: None if room is None else room * size
+        for queue, room in pressure.rooms(queue_depths(), time.monotonic()).items()
+    }
 
     def counted(claims: Sequence[Claim]) -> None:
-        publish(claims)
-        for claim in claims:
-            pressure.published(claim.priority, 1)
+        for priority, tasks in publish(claims).items():
+            pressure.published(priority, tasks)
 
     published = relay_once(
         svc.engine,

@@ -8,6 +8,11 @@ and the conditional UPDATEs every transition of an attempt goes through.
   ``finish`` moves this attempt's ``sending`` row; ``park`` puts it back to wait;
   ``log_attempt`` writes the attempt's row. A new path (a batch, a lease renewal) gets a
   primitive of the same kind here, not an inline UPDATE.
+- The batch path's primitives, each one statement for a whole batch and each fenced per row
+  like ``move``: ``take_many`` (``dispatched`` -> ``sending``, each row only at the attempt
+  count its reader saw), ``finish_sent_many`` (this attempt's ``sending`` -> ``sent``) and
+  ``log_attempts`` (the attempt rows, one multi-row INSERT). ``extend_lease`` moves only a
+  lease (a ``dispatched`` row waiting for its rate limit).
 """
 
 from __future__ import annotations
@@ -15,12 +20,14 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection, insert, update
+from sqlalchemy import Connection, Integer, String, column, insert, update, values
 
 from delivery.config.settings import Backoff, Settings
-from delivery.pipeline.models import attempts_table, messages_table, utcnow
+from delivery.pipeline.models import Id, attempts_table, messages_table, utcnow
 from delivery.pipeline.outcomes import LookupOutcome, Outcome, Retryable
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
@@ -31,11 +38,17 @@ __all__ = [
     "Failure",
     "Result",
     "Sending",
+    "Take",
+    "attempt_row",
+    "extend_lease",
     "finish",
+    "finish_sent_many",
     "in_progress",
     "log_attempt",
+    "log_attempts",
     "move",
     "park",
+    "take_many",
 ]
 
 IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS"
@@ -104,23 +117,128 @@ def in_progress(outcome: Outcome) -> bool:
     return isinstance(outcome, Retryable) and outcome.code == IN_PROGRESS
 
 
+def attempt_row(
+    msg: Sending, kind: str, outcome: Outcome | LookupOutcome, latency: float
+) -> dict[str, Any]:
+    """The attempt row of one call that took ``latency`` ms and ended just now."""
+    return dict(
+        message_id=msg.id,
+        number=msg.attempt,
+        kind=kind,
+        outcome=outcome.kind,
+        started_at=utcnow() - dt.timedelta(milliseconds=latency),
+        http_status=outcome.http_status,
+        latency_ms=round(latency, 3),
+        error_code=getattr(outcome, "code", None),
+        error=getattr(outcome, "reason", None),
+    )
+
+
 def log_attempt(
     conn: Connection, msg: Sending, kind: str, outcome: Outcome | LookupOutcome, started: float
 ) -> None:
     latency = (time.perf_counter() - started) * 1000.0
-    conn.execute(
-        insert(attempts_table).values(
-            message_id=msg.id,
-            number=msg.attempt,
-            kind=kind,
-            outcome=outcome.kind,
-            started_at=utcnow() - dt.timedelta(milliseconds=latency),
-            http_status=outcome.http_status,
-            latency_ms=round(latency, 3),
-            error_code=getattr(outcome, "code", None),
-            error=getattr(outcome, "reason", None),
-        )
+    conn.execute(insert(attempts_table).values(attempt_row(msg, kind, outcome, latency)))
+
+
+def log_attempts(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
+    """Write many attempt rows (``attempt_row``) in one multi-row INSERT."""
+    if rows:
+        conn.execute(insert(attempts_table).values(list(rows)))
+
+
+def extend_lease(conn: Connection, message_id: int, seen_attempts: int, until: dt.datetime) -> bool:
+    """Extend the lease of a ``dispatched`` row (waiting, not taken) to ``until``, fenced like
+    ``move``; False if the row moved meanwhile."""
+    return move(
+        conn,
+        message_id,
+        seen_attempts,
+        Status.DISPATCHED,
+        Status.DISPATCHED,
+        lease_expires_at=until,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Take:
+    """One row of a batch as its reader saw it: ``take_many`` takes it only if it is still
+    ``dispatched`` at ``seen_attempts``."""
+
+    id: int
+    seen_attempts: int
+
+
+def take_many(
+    conn: Connection, rows: Sequence[Take], *, lease_until: dt.datetime, now: dt.datetime
+) -> set[int]:
+    """``dispatched`` -> ``sending`` for every row of ``rows`` that is still where its reader
+    saw it (status and attempt count: each row's own fence), spending one attempt each, in one
+    UPDATE; the ids it took. A row another worker moved meanwhile is left alone."""
+    if not rows:
+        return set()
+    m = messages_table.c
+    if conn.dialect.name != "postgresql":  # SQLite: no VALUES list in UPDATE .. FROM
+        return {
+            row.id
+            for row in rows
+            if move(
+                conn,
+                row.id,
+                row.seen_attempts,
+                Status.DISPATCHED,
+                Status.SENDING,
+                attempts=row.seen_attempts + 1,
+                lease_expires_at=lease_until,
+            )
+        }
+    seen = values(column("id", Id), column("seen", Integer), name="seen").data(
+        [(row.id, row.seen_attempts) for row in rows]
+    )
+    stmt = (
+        update(messages_table)
+        .where(m.id == seen.c.id, m.status == Status.DISPATCHED.value, m.attempts == seen.c.seen)
+        .values(
+            status=Status.SENDING.value,
+            attempts=seen.c.seen + 1,
+            lease_expires_at=lease_until,
+            updated_at=now,
+        )
+        .returning(m.id)
+    )
+    return set(conn.scalars(stmt))
+
+
+def finish_sent_many(
+    conn: Connection, sent: Sequence[tuple[Sending, str | None]], sent_at: Any
+) -> set[int]:
+    """This attempt's ``sending`` -> ``sent`` (with the provider's reference) for every
+    message of ``sent``, fenced per row on its attempt, in one UPDATE; the ids it moved.
+    ``sent_at``: the time to store (``delivery.pipeline.clock.sql_now``)."""
+    if not sent:
+        return set()
+    done: dict[str, Any] = dict(
+        sent_at=sent_at,
+        lease_expires_at=None,
+        needs_lookup=False,
+        last_error_code=None,
+        last_error=None,
+    )
+    if conn.dialect.name != "postgresql":
+        return {
+            msg.id for msg, ref in sent if finish(conn, msg, Status.SENT, provider_ref=ref, **done)
+        }
+    m = messages_table.c
+    rows = values(
+        column("id", Id), column("attempt", Integer), column("ref", String), name="sent"
+    ).data([(msg.id, msg.attempt, ref) for msg, ref in sent])
+    stmt = (
+        update(messages_table)
+        .where(m.id == rows.c.id, m.status == Status.SENDING.value, m.attempts == rows.c.attempt)
+        .values(status=Status.SENT.value, updated_at=utcnow(), provider_ref=rows.c.ref, **done)
+        .returning(m.id)
+    )
+    return set(conn.scalars(stmt))
 
 
 def move(
