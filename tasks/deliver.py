@@ -135,15 +135,16 @@ def _message_template(name: str = "delivery.deliver") -> _Template:
 
 
 def batches(claims: Sequence[Claim], size: int) -> list[list[Claim]]:
-    """Split ``claims`` into tasks: per queue, chunks of at most ``size`` of even length (5
-    messages for two workers are 3 + 2, not 5 + 0). A single message, a queue with one, or
-    ``size`` 1 gives one-message chunks (``delivery.deliver``: latency never waits)."""
+    """Split ``claims`` into tasks: per queue, a backlog of at least ``size`` messages goes in
+    chunks of at most ``size`` of even length (120 at 50: 40 + 40 + 40, not 50 + 50 + 20);
+    fewer than ``size`` (a nudge, a quiet relay pass) go one per task (``delivery.deliver``),
+    spread over every worker slot as before, and latency never waits for a batch to fill."""
     by_queue: dict[str, list[Claim]] = {}
     for claim in claims:
         by_queue.setdefault(claim.priority, []).append(claim)
     chunks: list[list[Claim]] = []
     for group in by_queue.values():
-        if size <= 1 or len(group) == 1:
+        if size <= 1 or len(group) < size:
             chunks.extend([claim] for claim in group)
             continue
         count = -(-len(group) // size)

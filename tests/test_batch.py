@@ -40,15 +40,17 @@ def _claims(n: int, priority: str = "normal") -> list[Claim]:
     return [Claim(i, f"k{i}", priority) for i in range(n)]
 
 
-def test_a_backlog_is_split_evenly_per_queue_and_a_lone_message_travels_alone() -> None:
-    """120 messages at batch size 50 are three tasks of 40; one message, or batch size 1,
-    is a task per message; each queue is split on its own."""
+def test_a_backlog_is_split_evenly_per_queue_and_a_few_messages_travel_alone() -> None:
+    """120 messages at batch size 50 are three tasks of 40; fewer than 50 in a queue, or
+    batch size 1, are a task per message; each queue is split on its own."""
     assert [len(c) for c in batches(_claims(120), 50)] == [40, 40, 40]
+    assert [len(c) for c in batches(_claims(50), 50)] == [50]
+    assert [len(c) for c in batches(_claims(49), 50)] == [1] * 49
     assert [len(c) for c in batches(_claims(1), 50)] == [1]
     assert [len(c) for c in batches(_claims(3), 1)] == [1, 1, 1]
-    mixed = [*_claims(3), Claim(9, "u", "urgent")]
+    mixed = [*_claims(60), Claim(99, "u", "urgent")]
     split = batches(mixed, 50)
-    assert sorted(len(c) for c in split) == [1, 3]
+    assert sorted(len(c) for c in split) == [1, 30, 30]
     assert [c[0].key for c in split if len(c) == 1] == ["u"]
     assert sorted(c.id for chunk in batches(_claims(101), 50) for c in chunk) == list(range(101))
 
@@ -149,7 +151,7 @@ def test_deliver_many_takes_only_rows_still_where_it_saw_them(clean: Engine, stu
 def test_one_batch_with_every_outcome_ends_each_message_as_the_single_path_would(
     live: Engine, stub: Any
 ) -> None:
-    """One commit of 15 messages goes out as batches; in them: sent, a 400 that ends dead, a
+    """One commit of 64 messages goes out as batches; in them: sent, a 400 that ends dead, a
     503 retried until its attempts are spent, a lost answer retried with the same key (sent,
     one effect) and a lost answer whose policy gives up (unknown)."""
     stub.set_faults(
@@ -161,7 +163,7 @@ def test_one_batch_with_every_outcome_ends_each_message_as_the_single_path_would
         }
     )
     with Session(live) as session, session.begin():
-        for i in range(10):
+        for i in range(60):
             delivery.enqueue(session, channel="sms", to=OK, payload={"body": "x"}, key=f"mix-{i}")
         delivery.enqueue(session, channel="sms", to=DEAD, payload={"body": "x"}, key="mix-dead")
         delivery.enqueue(
@@ -176,8 +178,7 @@ def test_one_batch_with_every_outcome_ends_each_message_as_the_single_path_would
             key="mix-gone",
             on_unknown="give_up",
         )
-        delivery.enqueue(session, channel="sms", to=OK, payload={"body": "x"}, key="mix-10")
-    assert drained(live, 15, timeout=90) == {"sent": 12, "dead": 2, "unknown": 1}
+    assert drained(live, 64, timeout=90) == {"sent": 61, "dead": 2, "unknown": 1}
     with live.connect() as conn:
         rows = conn.execute(
             select(
@@ -193,7 +194,7 @@ def test_one_batch_with_every_outcome_ends_each_message_as_the_single_path_would
     assert (by_key["mix-lost"].status, by_key["mix-lost"].attempts) == ("sent", 2)
     assert by_key["mix-gone"].status == "unknown"
     effects = stub.effects()
-    assert all(effects[f"mix-{i}"] == 1 for i in range(11))
+    assert all(effects[f"mix-{i}"] == 1 for i in range(60))
     assert effects["mix-lost"] == 1 and effects["mix-gone"] == 1
     assert "mix-dead" not in effects and "mix-503" not in effects
     log = (RUN_DIR / "worker.log").read_text(errors="replace")
