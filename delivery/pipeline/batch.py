@@ -142,6 +142,7 @@ def deliver_many(
     single: list[tuple[int, str]] = []
     ready: list[_Ready] = []
     seen: set[int] = set()
+    candidates: list[Row[Any]] = []
     for message_id, key in pairs:
         if message_id in seen:
             continue
@@ -149,12 +150,15 @@ def deliver_many(
         row = by_id.get(message_id)
         if row is None or row.key != key or not _ready(service, row, now):
             single.append((message_id, key))
-            continue
-        permit = service.breaker(row.provider).allow()
+        else:
+            candidates.append(row)
+    # One breaker round trip per message, asked on the send pool rather than one after another.
+    asks = [_allow_call(service, row.provider) for row in candidates]
+    for row, permit in zip(candidates, _run_all(service, asks), strict=True):
         if not permit.allowed:
-            results[message_id] = circuit_open(service, row, permit, now)
-            continue
-        ready.append(_Ready(row, permit))
+            results[row.id] = circuit_open(service, row, permit, now)
+        else:
+            ready.append(_Ready(row, permit))
 
     sends = _take(service, ready, now, results)
     jobs: list[Callable[[], Any]] = [_send_call(service, s) for s in sends]
@@ -208,6 +212,10 @@ def _send_call(service: Service, send: tuple[Sending, Envelope, _Ready]) -> Call
         return _Sent(msg, outcome, latency)
 
     return call
+
+
+def _allow_call(service: Service, provider: str) -> Callable[[], Permit]:
+    return lambda: service.breaker(provider).allow()
 
 
 def _single_call(service: Service, message_id: int, key: str) -> Callable[[], Result]:

@@ -19,15 +19,17 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, Integer, String, column, insert, update, values
+from sqlalchemy import BigInteger, Connection, Integer, String, bindparam, func, insert, update
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from delivery.config.settings import Backoff, Settings
-from delivery.pipeline.models import Id, attempts_table, messages_table, utcnow
+from delivery.pipeline.models import UTCDateTime, attempts_table, messages_table, utcnow
 from delivery.pipeline.outcomes import LookupOutcome, Outcome, Retryable
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
@@ -142,9 +144,10 @@ def log_attempt(
 
 
 def log_attempts(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Write many attempt rows (``attempt_row``) in one multi-row INSERT."""
+    """Write many attempt rows (``attempt_row``) in one multi-row INSERT (SQLAlchemy's
+    "insertmanyvalues": one cached statement, the rows batched into its VALUES)."""
     if rows:
-        conn.execute(insert(attempts_table).values(list(rows)))
+        conn.execute(insert(attempts_table).returning(attempts_table.c.id), list(rows))
 
 
 def extend_lease(conn: Connection, message_id: int, seen_attempts: int, until: dt.datetime) -> bool:
@@ -177,8 +180,7 @@ def take_many(
     UPDATE; the ids it took. A row another worker moved meanwhile is left alone."""
     if not rows:
         return set()
-    m = messages_table.c
-    if conn.dialect.name != "postgresql":  # SQLite: no VALUES list in UPDATE .. FROM
+    if conn.dialect.name != "postgresql":  # SQLite: no arrays to unnest
         return {
             row.id
             for row in rows
@@ -192,21 +194,33 @@ def take_many(
                 lease_expires_at=lease_until,
             )
         }
-    seen = values(column("id", Id), column("seen", Integer), name="seen").data(
-        [(row.id, row.seen_attempts) for row in rows]
-    )
-    stmt = (
+    stmt = _take_many_statement()
+    params = {"ids": [row.id for row in rows], "seen": [row.seen_attempts for row in rows]}
+    return set(conn.scalars(stmt, {**params, "b_lease": lease_until, "b_now": now}))
+
+
+def _unnest(*columns: tuple[str, Any]) -> Any:
+    """A table of bound arrays, one column each (``unnest(:a, :b) AS v(a, b)``): one cached
+    statement whatever the batch's length."""
+    arrays = [bindparam(name, type_=ARRAY(kind)) for name, kind in columns]
+    return func.unnest(*arrays).table_valued(*(n for n, _ in columns)).render_derived(name="v")
+
+
+@functools.cache
+def _take_many_statement() -> Any:
+    m = messages_table.c
+    seen = _unnest(("ids", BigInteger()), ("seen", Integer()))
+    return (
         update(messages_table)
-        .where(m.id == seen.c.id, m.status == Status.DISPATCHED.value, m.attempts == seen.c.seen)
+        .where(m.id == seen.c.ids, m.status == Status.DISPATCHED.value, m.attempts == seen.c.seen)
         .values(
             status=Status.SENDING.value,
             attempts=seen.c.seen + 1,
-            lease_expires_at=lease_until,
-            updated_at=now,
+            lease_expires_at=bindparam("b_lease", type_=UTCDateTime()),
+            updated_at=bindparam("b_now", type_=UTCDateTime()),
         )
         .returning(m.id)
     )
-    return set(conn.scalars(stmt))
 
 
 def finish_sent_many(
@@ -228,17 +242,32 @@ def finish_sent_many(
         return {
             msg.id for msg, ref in sent if finish(conn, msg, Status.SENT, provider_ref=ref, **done)
         }
+    params = {
+        "ids": [msg.id for msg, _ in sent],
+        "seen": [msg.attempt for msg, _ in sent],
+        "refs": [ref for _, ref in sent],
+    }
+    return set(conn.scalars(_sent_many_statement(sent_at), params))
+
+
+def _sent_many_statement(sent_at: Any) -> Any:
     m = messages_table.c
-    rows = values(
-        column("id", Id), column("attempt", Integer), column("ref", String), name="sent"
-    ).data([(msg.id, msg.attempt, ref) for msg, ref in sent])
-    stmt = (
+    rows = _unnest(("ids", BigInteger()), ("seen", Integer()), ("refs", String()))
+    return (
         update(messages_table)
-        .where(m.id == rows.c.id, m.status == Status.SENDING.value, m.attempts == rows.c.attempt)
-        .values(status=Status.SENT.value, updated_at=utcnow(), provider_ref=rows.c.ref, **done)
+        .where(m.id == rows.c.ids, m.status == Status.SENDING.value, m.attempts == rows.c.seen)
+        .values(
+            status=Status.SENT.value,
+            updated_at=utcnow(),
+            provider_ref=rows.c.refs,
+            sent_at=sent_at,
+            lease_expires_at=None,
+            needs_lookup=False,
+            last_error_code=None,
+            last_error=None,
+        )
         .returning(m.id)
     )
-    return set(conn.scalars(stmt))
 
 
 def move(
