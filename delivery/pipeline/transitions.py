@@ -25,7 +25,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, Integer, String, bindparam, func, insert, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    Integer,
+    String,
+    any_,
+    bindparam,
+    func,
+    insert,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from delivery.config.settings import Backoff, Settings
@@ -206,6 +217,14 @@ def _unnest(*columns: tuple[str, Any]) -> Any:
     return func.unnest(*arrays).table_valued(*(n for n, _ in columns)).render_derived(name="v")
 
 
+def _locked_in_order(ids: str) -> Any:
+    """The rows of the bound array ``ids``, locked in id order: two batch statements over
+    overlapping rows then wait for each other instead of deadlocking."""
+    m = messages_table.c
+    wanted = m.id == any_(bindparam(ids, type_=ARRAY(BigInteger())))
+    return select(m.id).where(wanted).order_by(m.id).with_for_update()
+
+
 @functools.cache
 def _take_many_statement() -> Any:
     m = messages_table.c
@@ -213,6 +232,7 @@ def _take_many_statement() -> Any:
     return (
         update(messages_table)
         .where(m.id == seen.c.ids, m.status == Status.DISPATCHED.value, m.attempts == seen.c.seen)
+        .where(m.id.in_(_locked_in_order("ids")))
         .values(
             status=Status.SENDING.value,
             attempts=seen.c.seen + 1,
@@ -256,6 +276,7 @@ def _sent_many_statement(sent_at: Any) -> Any:
     return (
         update(messages_table)
         .where(m.id == rows.c.ids, m.status == Status.SENDING.value, m.attempts == rows.c.seen)
+        .where(m.id.in_(_locked_in_order("ids")))
         .values(
             status=Status.SENT.value,
             updated_at=utcnow(),
