@@ -16,13 +16,16 @@ commit the nudge publishes the first due messages at once (as batches); the rela
 
 from __future__ import annotations
 
+import functools
 import itertools
+import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import Text, bindparam, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session
 
 from delivery.config.settings import Settings
@@ -104,17 +107,62 @@ def _insert(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
     outbox, or earlier in ``rows``, is not among them)."""
     dialect = session.get_bind().dialect.name
     if dialect == "postgresql":
-        stmt: Any = postgresql.insert(messages_table)
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(messages_table)
-    else:  # pragma: no cover - other databases are not supported by enqueue_many
+        # One array per column: one small cached statement whatever the chunk's length.
+        arrays = {f"a_{name}": [row[name] for row in rows] for name in _COLUMNS}
+        arrays["a_payload"] = [json.dumps(payload) for payload in arrays["a_payload"]]
+        found = session.execute(_pg_insert(), arrays)
+        return {key: message_id for key, message_id in found}
+    if dialect != "sqlite":  # pragma: no cover - other databases are not supported
         raise NotImplementedError(f"enqueue_many does not support {dialect}")
     stmt = (
-        stmt.values(rows)
+        sqlite.insert(messages_table)
+        .values(rows)
         .on_conflict_do_nothing(index_elements=["key"])
         .returning(messages_table.c.key, messages_table.c.id)
     )
     return {key: message_id for key, message_id in session.execute(stmt)}
+
+
+#: The columns ``outbox.row_values`` fills, in the order of the INSERT.
+_COLUMNS = (
+    "key",
+    "channel",
+    "provider",
+    "recipient",
+    "payload",
+    "payload_hash",
+    "on_unknown",
+    "status",
+    "attempts",
+    "max_attempts",
+    "needs_lookup",
+    "next_attempt_at",
+    "message_type",
+    "priority",
+    "expires_at",
+    "created_at",
+    "updated_at",
+)
+
+
+@functools.cache
+def _pg_insert() -> Any:
+    """``INSERT .. SELECT * FROM unnest(:a_key, ...) ON CONFLICT (key) DO NOTHING RETURNING``."""
+    m = messages_table.c
+    kinds = {name: m[name].type for name in _COLUMNS}
+    kinds["payload"] = Text()  # sent as JSON text, cast back below
+    arrays = [bindparam(f"a_{name}", type_=ARRAY(kinds[name])) for name in _COLUMNS]
+    source = func.unnest(*arrays).table_valued(*_COLUMNS).render_derived(name="v")
+    picked = [
+        cast(source.c[name], m[name].type) if name == "payload" else source.c[name]
+        for name in _COLUMNS
+    ]
+    return (
+        postgresql.insert(messages_table)
+        .from_select(list(_COLUMNS), select(*picked))
+        .on_conflict_do_nothing(index_elements=["key"])
+        .returning(m.key, m.id)
+    )
 
 
 def _check_conflicts(session: Session, rows: list[dict[str, Any]], new: dict[str, int]) -> None:
