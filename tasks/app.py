@@ -65,6 +65,7 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
         if settings.broker_url.startswith("filesystem"):
             folder = Path(settings.home, "broker")
             (folder / "processed").mkdir(parents=True, exist_ok=True)
+            conf["broker_transport"] = "tasks.filebroker:Transport"
             conf["broker_transport_options"] = {
                 "data_folder_in": str(folder),
                 "data_folder_out": str(folder),
