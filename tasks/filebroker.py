@@ -23,6 +23,7 @@ from queue import Empty
 from time import monotonic
 from typing import Any
 
+from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
 from kombu.utils.json import dumps, loads
 
@@ -33,19 +34,19 @@ WRITING = ".writing-"
 
 
 class Channel(filesystem.Channel):  # type: ignore[misc]
-    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:
+    def _put(self, queue: str, payload: Any, **kwargs: Any) -> None:  # type: ignore[override]
         name = f"{round(monotonic() * 1000)}_{uuid.uuid4()}.{queue}.msg"
         folder = Path(self.data_folder_out)
         partial = folder / f"{WRITING}{name}"
         try:
             with open(partial, "wb") as f:
-                f.write(dumps(payload).encode())
+                f.write(dumps(payload).encode())  # type: ignore[no-untyped-call]
             os.replace(partial, folder / name)
         except OSError as exc:
             partial.unlink(missing_ok=True)
-            raise filesystem.ChannelError(f"cannot add a message to {folder}") from exc
+            raise ChannelError(f"cannot add a message to {folder}") from exc
 
-    def _get(self, queue: str) -> Any:
+    def _get(self, queue: str, timeout: float | None = None) -> Any:
         wanted = f"{queue}.msg"
         folder, taken = Path(self.data_folder_in), Path(self.processed_folder)
         for name in sorted(os.listdir(folder)):
@@ -61,7 +62,7 @@ class Channel(filesystem.Channel):  # type: ignore[misc]
             finally:
                 if not self.store_processed:
                     mine.unlink(missing_ok=True)
-            return loads(payload.decode())
+            return loads(payload.decode())  # type: ignore[no-untyped-call]
         raise Empty()
 
 
