@@ -27,7 +27,10 @@ from kombu.exceptions import ChannelError
 from kombu.transport import filesystem
 from kombu.utils.json import dumps, loads
 
-__all__ = ["Channel", "Transport"]
+__all__ = ["TRANSPORT", "WRITING", "Channel", "Transport", "options"]
+
+#: What ``broker_transport`` names for ``filesystem://`` URLs.
+TRANSPORT = "tasks.filebroker:Transport"
 
 #: Prefix of a message being written: skipped by consumers and by ``_size``.
 WRITING = ".writing-"
@@ -68,3 +71,16 @@ class Channel(filesystem.Channel):  # type: ignore[misc]
 
 class Transport(filesystem.Transport):  # type: ignore[misc]
     Channel = Channel
+
+
+def options(folder: Path, polling_interval: float = 0.1) -> dict[str, object]:
+    """The transport options of a file broker in ``folder`` (created if missing)."""
+    (folder / "processed").mkdir(parents=True, exist_ok=True)
+    return {
+        "data_folder_in": str(folder),
+        "data_folder_out": str(folder),
+        "processed_folder": str(folder / "processed"),
+        "control_folder": str(folder / "control"),
+        "polling_interval": polling_interval,
+        "store_processed": False,
+    }

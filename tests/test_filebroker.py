@@ -11,25 +11,11 @@ from queue import Empty
 import pytest
 from kombu import Connection
 
-from tasks.filebroker import WRITING
-
-TRANSPORT = "tasks.filebroker:Transport"
-
-
-def _options(folder: Path) -> dict[str, object]:
-    (folder / "processed").mkdir(parents=True, exist_ok=True)
-    return {
-        "data_folder_in": str(folder),
-        "data_folder_out": str(folder),
-        "processed_folder": str(folder / "processed"),
-        "control_folder": str(folder / "control"),
-        "polling_interval": 0.01,
-        "store_processed": False,
-    }
+from tasks.filebroker import TRANSPORT, WRITING, options
 
 
 def _connection(folder: Path) -> Connection:
-    return Connection("filesystem://", transport=TRANSPORT, transport_options=_options(folder))
+    return Connection("filesystem://", transport=TRANSPORT, transport_options=options(folder, 0.01))
 
 
 def test_a_message_being_written_is_invisible_to_consumers(tmp_path: Path) -> None:
