@@ -27,6 +27,7 @@ message is split per process: worker (and its pool children), PostgreSQL backend
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections.abc import Callable
@@ -279,7 +280,9 @@ def _split(result: dict[str, Any]) -> str:
     )
 
 
-def backlog_main(messages: int, pools: list[tuple[str, int]]) -> None:
+def backlog_main(
+    messages: int, pools: list[tuple[str, int]], only: frozenset[str] | None = None
+) -> None:
     figures: dict[str, Any] = {"messages": messages, "mode": "backlog"}
     rows = []
     with session() as procs:
@@ -288,6 +291,7 @@ def backlog_main(messages: int, pools: list[tuple[str, int]]) -> None:
         stub_pid = procs.pids()[-1]
         for index, (pool, concurrency) in enumerate(pools):
             runs = BACKLOG_RUNS if index % 2 == 0 else list(reversed(BACKLOG_RUNS))
+            runs = [run for run in runs if only is None or run[0] in only]
             results: dict[str, Any] = {}
             for run in runs:
                 log(f"backlog {messages}, {pool} x{concurrency}: {run[0]}")
@@ -303,6 +307,8 @@ def backlog_main(messages: int, pools: list[tuple[str, int]]) -> None:
                 )
                 log(f"  {results[run[0]]}")
             figures[f"backlog {pool}:{concurrency}"] = results
+            if only is not None:  # a partial run (diagnosis): no table rows
+                continue
             alone, batch = results["alone"], results["batch"]
             single, quiet = results["single"], results["batch_no_events"]
             what = f"{messages:,}-message backlog, {pool} x{concurrency}"
@@ -337,7 +343,10 @@ def backlog_main(messages: int, pools: list[tuple[str, int]]) -> None:
                     f"events off {_split(quiet)}",
                 )
             )
-        report("end_to_end_backlog", figures, rows, engine)
+        if only is None:
+            report("end_to_end_backlog", figures, rows, engine)
+        else:
+            print(json.dumps(figures))
         engine.dispose()
 
 
@@ -358,12 +367,16 @@ def main() -> None:
     )
     parser.add_argument("--matched", action="store_true")
     parser.add_argument("--backlog", action="store_true", help="issue 13's backlog runs")
+    parser.add_argument(
+        "--runs", default=None, help="--backlog: only these runs (alone,single,batch,...)"
+    )
     args = parser.parse_args()
     if args.backlog and args.pools == parser.get_default("pools"):
         args.pools = "prefork:2,threads:4"
     pools = [(p, int(c)) for p, c in (spec.split(":") for spec in args.pools.split(","))]
     if args.backlog:
-        backlog_main(args.messages, pools)
+        only = frozenset(args.runs.split(",")) if args.runs else None
+        backlog_main(args.messages, pools, only)
         return
     modes = [int(n) for n in args.per_tx.split(",")]
     paths = ["alone", "delivery"] + (["alone_matched"] if args.matched else [])

@@ -30,7 +30,7 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, or_, select, update
+from sqlalchemy import Connection, any_, func, or_, select, update
 
 from delivery.pipeline.models import messages_table, utcnow
 from delivery.pipeline.status import Status
@@ -64,6 +64,18 @@ def _unlocked(ids: list[int], now: dt.datetime, hold_lease: float) -> Any:
     return select(m.id).where(m.id.in_(ids), stale).with_for_update(skip_locked=True)
 
 
+def _chosen(conn: Connection, ids: list[int], now: dt.datetime, hold_lease: float) -> Any:
+    """The condition picking ``_unlocked``'s rows. On PostgreSQL ``id = ANY(ARRAY(...))``: the
+    locking subquery runs once, then the rows are updated by primary key. (``id IN (...)``
+    let the planner rescan the subquery, a sequential scan of the table, once per held row:
+    88 ms per renewal of ~500 held rows in a 5,000-row table, holding its row locks that long
+    against the batches' own statements.)"""
+    unlocked = _unlocked(ids, now, hold_lease)
+    if conn.dialect.name == "postgresql":
+        return messages_table.c.id == any_(func.array(unlocked.scalar_subquery()))
+    return messages_table.c.id.in_(unlocked)
+
+
 def renew_held(
     conn: Connection,
     ids: Collection[int],
@@ -86,7 +98,7 @@ def renew_held(
         update(messages_table)
         .where(m.id.in_(held), m.status == Status.DISPATCHED.value)
         .where(m.next_attempt_at <= now)
-        .where(m.id.in_(_unlocked(held, now, hold_lease)))
+        .where(_chosen(conn, held, now, hold_lease))
         .values(lease_expires_at=until)
     ).rowcount
     newest = now - dt.timedelta(seconds=max(send_lease - hold_lease, 0.0))
@@ -94,7 +106,7 @@ def renew_held(
         update(messages_table)
         .where(m.id.in_(held), m.status == Status.SENDING.value)
         .where(m.updated_at > newest)  # updated_at: when this attempt took the row
-        .where(m.id.in_(_unlocked(held, now, hold_lease)))
+        .where(_chosen(conn, held, now, hold_lease))
         .values(lease_expires_at=until)
     ).rowcount
     return Renewed(dispatched, sending)
