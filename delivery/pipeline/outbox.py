@@ -9,6 +9,7 @@ After the caller commits, the post-commit nudge (installed by the Celery app wit
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 import uuid
 from collections.abc import Callable
@@ -16,11 +17,11 @@ from typing import Any, Required, TypedDict
 
 from sqlalchemy import Engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from delivery.config.settings import ChannelConfig, MessageType, ProviderConfig, Settings
 from delivery.errors import IdempotencyConflict, InvalidMessage
-from delivery.pipeline.models import Message, utcnow
+from delivery.pipeline.models import Message, messages_table, utcnow
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
 from delivery.pipeline.validation import (
@@ -222,21 +223,46 @@ def _policy(
     return policy
 
 
+#: The columns ``row_values`` leaves out, as a new row has them (so that the returned message
+#: is complete and reading it never loads anything).
+_NEW_ROW = dict(
+    budget_start=0,
+    lease_expires_at=None,
+    last_error_code=None,
+    last_error=None,
+    provider_ref=None,
+    sent_at=None,
+)
+
+
+@functools.cache
+def _insert_statement(dialect: str) -> Any:
+    """One Core ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING id`` per dialect, built
+    once: its compiled form is cached, and no ORM entity is loaded from its answer."""
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    m = messages_table
+    return insert(m).on_conflict_do_nothing(index_elements=[m.c.key]).returning(m.c.id)
+
+
 def _insert(session: Session, values: dict[str, Any]) -> Message | None:
-    dialect = session.get_bind().dialect.name
-    stmt: Any
-    if dialect == "postgresql":
-        stmt = postgresql.insert(Message).on_conflict_do_nothing(index_elements=["key"])
-    elif dialect == "sqlite":
-        stmt = sqlite.insert(Message).on_conflict_do_nothing(index_elements=["key"])
-    else:  # pragma: no cover - other databases: look first, then add
+    """Insert the row; the new message (attached to ``session`` as if loaded from it), or None
+    if its key exists."""
+    dialect = session.get_bind(Message).dialect.name
+    if dialect not in ("postgresql", "sqlite"):  # pragma: no cover - look first, then add
         if session.scalars(select(Message.id).where(Message.key == values["key"])).first():
             return None
         message = Message(**values)
         session.add(message)
         session.flush()
         return message
-    return session.scalars(stmt.values(values).returning(Message)).first()
+    conn = session.connection(bind_arguments={"mapper": Message})
+    new_id = conn.execute(_insert_statement(dialect), values).scalar()
+    if new_id is None:
+        return None
+    message = Message(id=new_id, **values, **_NEW_ROW)
+    make_transient_to_detached(message)  # its state is the row's: nothing to flush
+    session.add(message)
+    return message
 
 
 @event.listens_for(Session, "after_commit")
