@@ -32,6 +32,9 @@ from typing import Any
 from sqlalchemy import BigInteger, Integer, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+if "tasks.deliver" in sys.modules:  # it read the settings already: they would not be ours
+    raise RuntimeError("import bench.common before tasks (tasks reads DELIVERY_* at import)")
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 

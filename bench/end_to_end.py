@@ -36,7 +36,6 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-import tasks  # noqa: F401  (installs the post-commit nudge in this process)
 from bench import celery_alone
 from bench.common import (
     CONFIG,
@@ -60,6 +59,7 @@ from delivery import enqueue, enqueue_many
 from delivery.pipeline import outbox
 from delivery.pipeline.models import Message
 from delivery.runtime.db import make_engine
+from tasks import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 
 def to(i: int) -> str:
