@@ -1,7 +1,8 @@
 """Held-message leases and relay back-pressure (issue 12 §2).
 
-``renew_held`` on real PostgreSQL (its fence and its cap at ``send_lease``), the relay's
-per-priority rooms, and ``Backpressure``'s arithmetic. Like ``tests/test_relay.py``, every row
+``renew_held`` and ``renew_waiting`` on real PostgreSQL (their fences, the cap at
+``send_lease``), the relay's per-priority rooms, ``Backpressure``'s arithmetic and
+``Waiting``'s bookkeeping of the tasks still queued. Like ``tests/test_relay.py``, every row
 is due an hour from now and the functions run with ``now`` two hours ahead, so a live relay
 or sweeper of the suite never touches them.
 """
@@ -16,10 +17,11 @@ import pytest
 from sqlalchemy import Engine, insert, select
 
 from delivery.pipeline.backpressure import SHARE, Backpressure
-from delivery.pipeline.leases import Renewed, renew_held
+from delivery.pipeline.leases import Renewed, renew_held, renew_waiting
 from delivery.pipeline.models import messages_table, utcnow
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sweeper import sweep
+from delivery.pipeline.waiting import Waiting
 from tests.factories import message_values
 
 LATER = dt.timedelta(hours=1)
@@ -130,3 +132,39 @@ def test_backpressure_never_grants_room_to_a_full_queue() -> None:
     pressure.rooms({"normal": 0}, now=0.0)
     pressure.published("normal", 5)
     assert pressure.rooms({"normal": 5000}, now=1.0) == {"normal": 0}
+
+
+@pytest.mark.integration
+def test_waiting_rows_renewed_by_the_relay_outlive_their_first_lease(clean: Engine) -> None:
+    """A dispatched row whose task still waits in the queue gets ``now + lease`` (never a
+    shorter one), so the sweeper leaves it alone past its first lease; a row in another
+    status is not touched (the fence)."""
+    now = utcnow() + 2 * LATER
+    soon, later = now + dt.timedelta(seconds=2), now + dt.timedelta(seconds=60)
+    ids = _rows(
+        clean,
+        [
+            dict(status="dispatched", lease_expires_at=soon),
+            dict(status="dispatched", lease_expires_at=later),
+            dict(status="sending", attempts=1, lease_expires_at=soon),
+            dict(status="sent", attempts=1, lease_expires_at=None),
+        ],
+    )
+    with clean.begin() as conn:
+        assert renew_waiting(conn, ids, lease=10, now=now) == 1
+    assert _leases(clean, ids) == [now + dt.timedelta(seconds=10), later, soon, None]
+    assert sweep(clean, now=now + dt.timedelta(seconds=5)).requeued == 0
+    assert sweep(clean, now=now + dt.timedelta(seconds=11)).requeued == 1
+
+
+def test_waiting_keeps_the_newest_depth_ids_of_each_queue() -> None:
+    """Queues are FIFO: with ``depth`` tasks left, the last ``depth`` published are waiting;
+    a queue whose depth is unknown is forgotten, and one never published to has none."""
+    waiting = Waiting()
+    waiting.published("normal", [1, 2, 3, 4])
+    waiting.published("bulk", [10, 11])
+    assert sorted(waiting.observe({"normal": 4, "bulk": 2, "urgent": 0})) == [1, 2, 3, 4, 10, 11]
+    assert sorted(waiting.observe({"normal": 1, "bulk": 5})) == [4, 10, 11]
+    waiting.published("normal", [5])
+    assert sorted(waiting.observe({"normal": 2, "bulk": None})) == [4, 5]
+    assert waiting.observe({"normal": 0, "bulk": 3}) == []

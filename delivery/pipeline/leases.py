@@ -14,9 +14,12 @@ A ``sending`` row is renewed only while its attempt is younger than ``send_lease
 the provider's total timeout. So a hung call is still taken for dead at ``send_lease``, and a
 live one is never taken for dead while its worker renews.
 
-The window it leaves: a task the worker received in the last few milliseconds before it
-died (before the keeper's next look, every 20 ms, and its UPDATE) still has the relay's
-``dispatch_lease`` and comes back after it.
+Before a worker takes it, a task waits in its broker queue, held by nobody: the relay renews
+those rows to ``now + dispatch_lease`` on each pass while their tasks are still queued
+(``renew_waiting``; which ones: ``delivery.pipeline.waiting``). So ``dispatch_lease`` (10 s by
+default) only covers the moment between the relay's last look at the queue and the worker's
+first renewal, and a task received in the very instant its worker is killed comes back
+``dispatch_lease`` s after that, however long it had waited in the queue.
 
 Like every lifeline (Oban's), this can cause a duplicate: a live worker that cannot reach the
 database for ``hold_lease`` s loses its rows to the sweeper, and a send then in flight may be
@@ -31,10 +34,11 @@ from dataclasses import dataclass
 
 from sqlalchemy import Connection, update
 
+from delivery.pipeline.clock import db_now
 from delivery.pipeline.models import messages_table, utcnow
 from delivery.pipeline.status import Status
 
-__all__ = ["Renewed", "renew_held"]
+__all__ = ["Renewed", "renew_held", "renew_waiting"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,3 +81,28 @@ def renew_held(
         .values(lease_expires_at=until)
     ).rowcount
     return Renewed(dispatched, sending)
+
+
+def renew_waiting(
+    conn: Connection,
+    ids: Collection[int],
+    *,
+    lease: float,
+    now: dt.datetime | None = None,
+) -> int:
+    """Set the lease of the ``dispatched`` rows ``ids``, whose tasks wait in a broker queue,
+    to ``now + lease`` (never shorter than it is); rows in any other status are left alone
+    (the fence). Return how many were renewed."""
+    if not ids:
+        return 0
+    now = now or db_now(conn)
+    until = now + dt.timedelta(seconds=lease)
+    m = messages_table.c
+    return int(
+        conn.execute(
+            update(messages_table)
+            .where(m.id.in_(sorted(set(ids))), m.status == Status.DISPATCHED.value)
+            .where(m.lease_expires_at < until)
+            .values(lease_expires_at=until)
+        ).rowcount
+    )
