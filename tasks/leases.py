@@ -13,9 +13,9 @@ broker, for every pool), stopped on ``worker_shutdown``. Two things wake it:
 Renewals are one round trip (``delivery.pipeline.leases.renew_held``) on an engine of its own
 created after the pool forked. A killed worker stops renewing, and beat's sweeper returns its
 messages ``hold_lease`` s later (10 s by default). A task received in the last instant before
-the kill (before its first renewal) keeps the relay's ``dispatch_lease``, which the relay
-keeps short (``delivery.pipeline.waiting``). A failing renewal is logged (once a minute at
-most) by the loop and tried again.
+the kill (before its first renewal) keeps the relay's ``dispatch_lease``, which is short (the
+relay renews queued tasks instead: ``delivery.pipeline.leases.renew_queued``). A failing
+renewal is logged (once a minute at most) by the loop and tried again.
 """
 
 from __future__ import annotations

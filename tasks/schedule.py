@@ -3,7 +3,7 @@
 ``celery -A tasks beat`` starts two threads in the beat process (``beat_init``): the relay
 (publish due rows, every ``relay_interval`` s, as many as each broker queue has room for:
 ``delivery.pipeline.backpressure``; and renew the leases of the rows whose tasks still wait in
-a queue: ``delivery.pipeline.waiting``) and the sweeper (expired leases and
+a queue: ``delivery.pipeline.leases.renew_queued``) and the sweeper (expired leases and
 time-to-live, every ``sweep_interval`` s). They talk to the database and publish to the
 broker directly, so they never wait for a free slot in a worker, never sit in a queue behind
 sends, never show in Flower, and never depend on a relay *task* reaching a worker: after the
@@ -28,10 +28,9 @@ from typing import Any
 from celery.signals import beat_init
 
 from delivery.pipeline.backpressure import Backpressure
-from delivery.pipeline.leases import renew_waiting
+from delivery.pipeline.leases import renew_queued
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sweeper import sweep as sweep_once
-from delivery.pipeline.waiting import Waiting
 from tasks.app import QUEUES, app, service
 from tasks.deliver import publish
 from tasks.metrics import metrics
@@ -72,31 +71,29 @@ def queue_depths() -> dict[str, int | None]:
 
 
 _pressure: Backpressure | None = None
-_waiting = Waiting()
 
 
 def relay_pass() -> int:
     """One relay pass: renew the leases of the rows whose tasks still wait in a queue
-    (``delivery.pipeline.waiting``), then claim and publish the due rows each queue has room
-    for (back-pressure, ``delivery.pipeline.backpressure``); return how many."""
+    (``delivery.pipeline.leases.renew_queued``), then claim and publish the due rows each
+    queue has room for (back-pressure, ``delivery.pipeline.backpressure``); return how
+    many."""
     global _pressure
     svc = service()
     settings = svc.settings
     if _pressure is None:
         _pressure = Backpressure(settings.dispatch_lease, min(settings.relay_batch, FLOOR))
-    pressure, waiting = _pressure, _waiting
+    pressure = _pressure
     depths = queue_depths()
     rooms = pressure.rooms(depths, time.monotonic())
-    queued = waiting.observe(depths)
-    if queued:
+    if any(depths.values()):
         with svc.engine.begin() as conn:
-            renew_waiting(conn, queued, lease=settings.dispatch_lease)
+            renew_queued(conn, depths, lease=settings.dispatch_lease)
 
     def counted(claims: Sequence[Claim]) -> None:
         publish(claims)
         for claim in claims:
             pressure.published(claim.priority, 1)
-            waiting.published(claim.priority, (claim.id,))
 
     published = relay_once(
         svc.engine,

@@ -1,8 +1,8 @@
 """Held-message leases and relay back-pressure (issue 12 §2).
 
-``renew_held`` and ``renew_waiting`` on real PostgreSQL (their fences, the cap at
-``send_lease``), the relay's per-priority rooms, ``Backpressure``'s arithmetic and
-``Waiting``'s bookkeeping of the tasks still queued. Like ``tests/test_relay.py``, every row
+``renew_held`` and ``renew_queued`` on real PostgreSQL (their fences, the cap at
+``send_lease``, which rows count as still queued), the relay's per-priority rooms, and
+``Backpressure``'s arithmetic. Like ``tests/test_relay.py``, every row
 is due an hour from now and the functions run with ``now`` two hours ahead, so a live relay
 or sweeper of the suite never touches them.
 """
@@ -17,11 +17,10 @@ import pytest
 from sqlalchemy import Engine, insert, select
 
 from delivery.pipeline.backpressure import SHARE, Backpressure
-from delivery.pipeline.leases import Renewed, renew_held, renew_waiting
+from delivery.pipeline.leases import Renewed, renew_held, renew_queued
 from delivery.pipeline.models import messages_table, utcnow
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sweeper import sweep
-from delivery.pipeline.waiting import Waiting
 from tests.factories import message_values
 
 LATER = dt.timedelta(hours=1)
@@ -135,36 +134,43 @@ def test_backpressure_never_grants_room_to_a_full_queue() -> None:
 
 
 @pytest.mark.integration
-def test_waiting_rows_renewed_by_the_relay_outlive_their_first_lease(clean: Engine) -> None:
-    """A dispatched row whose task still waits in the queue gets ``now + lease`` (never a
-    shorter one), so the sweeper leaves it alone past its first lease; a row in another
-    status is not touched (the fence)."""
+def test_queued_rows_renewed_by_the_relay_outlive_their_first_lease(clean: Engine) -> None:
+    """With 2 tasks in the normal queue, the 2 newest dispatched normal rows (claimed last,
+    so still queued) get ``now + lease`` and outlive their first lease; an older one (taken by
+    a worker), a short retry, a row of another priority or status, and a longer lease are left
+    alone. A queue of unknown depth renews nothing."""
     now = utcnow() + 2 * LATER
-    soon, later = now + dt.timedelta(seconds=2), now + dt.timedelta(seconds=60)
+    soon = now + dt.timedelta(seconds=2)
+
+    def claimed(seconds: float, priority: str = "normal") -> dict[str, object]:
+        at = now - dt.timedelta(seconds=seconds)
+        return dict(
+            status="dispatched",
+            updated_at=at,
+            next_attempt_at=at,
+            lease_expires_at=soon,
+            priority=priority,
+            attempts=0,
+        )
+
     ids = _rows(
         clean,
         [
-            dict(status="dispatched", lease_expires_at=soon),
-            dict(status="dispatched", lease_expires_at=later),
-            dict(status="sending", attempts=1, lease_expires_at=soon),
-            dict(status="sent", attempts=1, lease_expires_at=None),
+            claimed(30),  # taken by a worker: older than the queued ones
+            claimed(3),  # queued
+            claimed(1),  # queued
+            claimed(1, "bulk"),
+            {  # a short retry, parked 1 s ago, due in 5 s
+                **claimed(1),
+                "next_attempt_at": now + dt.timedelta(seconds=5),
+            },
+            {**claimed(0), "status": "sending", "attempts": 1},
         ],
     )
     with clean.begin() as conn:
-        assert renew_waiting(conn, ids, lease=10, now=now) == 1
-    assert _leases(clean, ids) == [now + dt.timedelta(seconds=10), later, soon, None]
-    assert sweep(clean, now=now + dt.timedelta(seconds=5)).requeued == 0
-    assert sweep(clean, now=now + dt.timedelta(seconds=11)).requeued == 1
-
-
-def test_waiting_keeps_the_newest_depth_ids_of_each_queue() -> None:
-    """Queues are FIFO: with ``depth`` tasks left, the last ``depth`` published are waiting;
-    a queue whose depth is unknown is forgotten, and one never published to has none."""
-    waiting = Waiting()
-    waiting.published("normal", [1, 2, 3, 4])
-    waiting.published("bulk", [10, 11])
-    assert sorted(waiting.observe({"normal": 4, "bulk": 2, "urgent": 0})) == [1, 2, 3, 4, 10, 11]
-    assert sorted(waiting.observe({"normal": 1, "bulk": 5})) == [4, 10, 11]
-    waiting.published("normal", [5])
-    assert sorted(waiting.observe({"normal": 2, "bulk": None})) == [4, 5]
-    assert waiting.observe({"normal": 0, "bulk": 3}) == []
+        assert renew_queued(conn, {"normal": 2, "bulk": None}, lease=10, now=now) == 2
+    until = now + dt.timedelta(seconds=10)
+    assert _leases(clean, ids) == [soon, until, until, soon, soon, soon]
+    swept = sweep(clean, now=now + dt.timedelta(seconds=5))
+    assert (swept.requeued, swept.recovered) == (3, 1)  # all but the queued two; the send
+    assert sweep(clean, now=now + dt.timedelta(seconds=11)).requeued == 2
