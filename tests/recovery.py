@@ -86,12 +86,14 @@ def held_by_killed_worker(cluster: Cluster, n: int, broker: str = "redis") -> Re
             )
             or 0
         )
-        held = int(
+        held_ids = list(
             cluster.scalar(
-                "SELECT count(*) FROM delivery_messages WHERE status IN ('dispatched', 'sending')"
+                "SELECT coalesce(array_agg(id), '{}') FROM delivery_messages "
+                "WHERE status IN ('dispatched', 'sending')"
             )
-            or 0
+            or []
         )
+        held = len(held_ids)
         killed_at = utcnow()
         kill_clock = time.monotonic()
         pipe.kill_worker()
@@ -108,9 +110,15 @@ def held_by_killed_worker(cluster: Cluster, n: int, broker: str = "redis") -> Re
             f"SIGKILL with {held} messages dispatched or sending, {open_at_kill} open in all; "
             f"a new worker started 0.5 s later"
         )
+        held_sent = cluster.scalar(
+            "SELECT max(updated_at) FROM delivery_messages WHERE id = ANY(:ids)", ids=held_ids
+        )
         report.figures.update(
             open_at_kill=open_at_kill,
             held_at_kill=held,
+            last_held_sent_after_kill_s=(
+                None if held_sent is None else round((held_sent - killed_at).total_seconds(), 1)
+            ),
             last_sent_after_kill_s=report.recovery_s,
             wall_s=round(time.monotonic() - kill_clock, 1),
             lease_expired_attempts=int(
