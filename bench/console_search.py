@@ -14,6 +14,7 @@ console" section of ``bench/RELIABILITY.md``.
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import time
 from pathlib import Path
 from typing import Any
@@ -23,21 +24,7 @@ from sqlalchemy.orm import Session
 
 from bench.common import ROOT, fresh_database, log, median, report, row, vacuum
 from delivery import ops
-
-FILL = r"""
-INSERT INTO delivery_messages (key, channel, provider, recipient, payload, payload_hash,
-    on_unknown, status, attempts, max_attempts, needs_lookup, next_attempt_at, created_at,
-    updated_at, last_error_code, message_type, priority)
-SELECT 'order-' || i || '\:receipt', 'sms', CASE WHEN i % 3 = 0 THEN 'twilio' ELSE 'stub' END,
-    '+15555550123', '{"body": "x"}', 'h', 'retry',
-    CASE WHEN i % 20 = 0 THEN 'dead' WHEN i % 50 = 1 THEN 'unknown'
-         WHEN i % 33 = 2 THEN 'pending' ELSE 'sent' END,
-    1, 8, false, now(), now() - (:rows - i) * interval '100 ms',
-    now() - (:rows - i) * interval '100 ms',
-    CASE WHEN i % 20 = 0 THEN (CASE WHEN i % 40 = 0 THEN '21211' ELSE '503' END) END,
-    CASE WHEN i % 7 = 0 THEN 'otp' END, 'normal'
-FROM generate_series(1, :rows) AS i
-"""
+from delivery.testing.fill import fill_outbox
 
 CONSOLE_INDEXES = (
     "ix_delivery_messages_status_id",
@@ -94,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     engine = fresh_database()
     log(f"loading {args.rows} rows")
     with engine.begin() as conn:
-        conn.execute(text(FILL), {"rows": args.rows})
+        fill_outbox(conn, args.rows, dt.timedelta(milliseconds=100))
     vacuum(engine)
     loadavg = Path("/proc/loadavg").read_text().split()[:3]
     log("with the console's indexes")

@@ -15,6 +15,7 @@ from delivery.errors import ConfigError
 from delivery.providers.secrets import check_secrets
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
+from tasks import filebroker
 
 __all__ = [
     "BULK",
@@ -63,16 +64,8 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
             result_extended=False,
         )
         if settings.broker_url.startswith("filesystem"):
-            folder = Path(settings.home, "broker")
-            (folder / "processed").mkdir(parents=True, exist_ok=True)
-            conf["broker_transport_options"] = {
-                "data_folder_in": str(folder),
-                "data_folder_out": str(folder),
-                "processed_folder": str(folder / "processed"),
-                "control_folder": str(folder / "control"),
-                "polling_interval": 0.1,
-                "store_processed": False,
-            }
+            conf["broker_transport"] = filebroker.TRANSPORT
+            conf["broker_transport_options"] = filebroker.options(Path(settings.home, "broker"))
         if settings.broker_url.startswith(("redis", "rediss")):
             conf["broker_transport_options"] = {
                 "queue_order_strategy": "priority",

@@ -16,23 +16,9 @@ from sqlalchemy.orm import Session
 from delivery import ops
 from delivery.ops.search import page_query
 from delivery.pipeline.models import utcnow
+from delivery.testing.fill import fill_outbox
 
 ROWS = 300_000
-
-FILL = r"""
-INSERT INTO delivery_messages (key, channel, provider, recipient, payload, payload_hash,
-    on_unknown, status, attempts, max_attempts, needs_lookup, next_attempt_at, created_at,
-    updated_at, last_error_code, message_type, priority)
-SELECT 'order-' || i || '\:receipt', 'sms', CASE WHEN i % 3 = 0 THEN 'twilio' ELSE 'stub' END,
-    '+15555550123', '{"body": "x"}', 'h', 'retry',
-    CASE WHEN i % 20 = 0 THEN 'dead' WHEN i % 50 = 1 THEN 'unknown'
-         WHEN i % 33 = 2 THEN 'pending' ELSE 'sent' END,
-    1, 8, false, now(), now() - (:rows - i) * interval '1 second',
-    now() - (:rows - i) * interval '1 second',
-    CASE WHEN i % 20 = 0 THEN (CASE WHEN i % 40 = 0 THEN '21211' ELSE '503' END) END,
-    CASE WHEN i % 7 = 0 THEN 'otp' END, 'normal'
-FROM generate_series(1, :rows) AS i
-"""
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +26,7 @@ def big(pg_engine: Engine) -> Iterator[Engine]:
     """The suite's PostgreSQL outbox filled with ROWS messages, emptied afterwards."""
     with pg_engine.begin() as conn:
         conn.execute(text("TRUNCATE delivery_audit, delivery_attempts, delivery_messages"))
-        conn.execute(text(FILL), {"rows": ROWS})
+        fill_outbox(conn, ROWS, dt.timedelta(seconds=1))
     with pg_engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(
             text("ANALYZE delivery_messages")

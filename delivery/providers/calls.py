@@ -24,20 +24,7 @@ import traceback
 
 import httpx
 
-from delivery.pipeline.outcomes import (
-    Absent,
-    Delivered,
-    Found,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    Permanent,
-    Retryable,
-    Undeliverable,
-    Unknown,
-    bounded,
-    classify_exception,
-)
+from delivery.pipeline import outcomes
 from delivery.providers.base import Envelope, Provider
 
 __all__ = ["ADAPTER_BAD_OUTCOME", "ADAPTER_ERROR", "from_exception", "lookup", "send"]
@@ -48,40 +35,44 @@ ADAPTER_ERROR = "ADAPTER_ERROR"
 ADAPTER_BAD_OUTCOME = "ADAPTER_BAD_OUTCOME"
 
 
-def send(provider: Provider, envelope: Envelope) -> Outcome:
+def send(provider: Provider, envelope: Envelope) -> outcomes.Outcome:
     """``provider.send(envelope)`` as one bounded outcome (the table in the docstring)."""
     try:
         outcome: object = provider.send(envelope)
     except Exception as exc:
         _log(provider, "send", envelope, exc)
         outcome = from_exception(exc)
-    if not isinstance(outcome, Delivered | Retryable | Permanent | Unknown):
+    if not isinstance(outcome, outcomes.Outcome):
         _log_bad(provider, "send", envelope, outcome)
-        outcome = Unknown(ADAPTER_BAD_OUTCOME, f"send returned {type(outcome).__name__}")
-    return bounded(outcome, envelope.to)
+        outcome = outcomes.Unknown(ADAPTER_BAD_OUTCOME, f"send returned {type(outcome).__name__}")
+    return outcomes.bounded(outcome, envelope.to)
 
 
-def lookup(provider: Provider, envelope: Envelope) -> LookupOutcome:
+def lookup(provider: Provider, envelope: Envelope) -> outcomes.LookupOutcome:
     """``provider.lookup(envelope)`` as one bounded lookup outcome."""
     try:
         found: object = provider.lookup(envelope)
     except Exception as exc:
         _log(provider, "lookup", envelope, exc)
         failed = from_exception(exc)
-        found = LookupFailed(failed.code, failed.reason, failed.http_status)
-    if not isinstance(found, Found | Absent | LookupFailed | Undeliverable):
+        found = outcomes.LookupFailed(failed.code, failed.reason, failed.http_status)
+    if not isinstance(found, outcomes.LookupOutcome):
         _log_bad(provider, "lookup", envelope, found)
-        found = LookupFailed(ADAPTER_BAD_OUTCOME, f"lookup returned {type(found).__name__}")
-    return bounded(found, envelope.to)
+        found = outcomes.LookupFailed(
+            ADAPTER_BAD_OUTCOME, f"lookup returned {type(found).__name__}"
+        )
+    return outcomes.bounded(found, envelope.to)
 
 
-def from_exception(exc: Exception) -> Retryable | Permanent | Unknown:
+def from_exception(exc: Exception) -> outcomes.Retryable | outcomes.Permanent | outcomes.Unknown:
     """The outcome of an exception raised by an adapter (the table in the docstring)."""
     if isinstance(exc, httpx.HTTPError):
-        return classify_exception(exc)
+        return outcomes.classify_exception(exc)
     if isinstance(exc, httpx.InvalidURL):
-        return Permanent("CLIENT_InvalidURL", "the request could not be built: invalid URL")
-    return Unknown(
+        return outcomes.Permanent(
+            "CLIENT_InvalidURL", "the request could not be built: invalid URL"
+        )
+    return outcomes.Unknown(
         ADAPTER_ERROR,
         f"the adapter raised {type(exc).__name__}; the request may have been sent",
     )

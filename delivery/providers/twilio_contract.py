@@ -14,19 +14,7 @@ from typing import Any
 
 import httpx
 
-from delivery.pipeline.outcomes import (
-    Absent,
-    Delivered,
-    Found,
-    LookupFailed,
-    LookupOutcome,
-    Outcome,
-    Permanent,
-    Retryable,
-    Undeliverable,
-    Unknown,
-    parse_retry_after,
-)
+from delivery.pipeline import outcomes
 
 __all__ = [
     "CANCELED",
@@ -105,15 +93,15 @@ UNDELIVERABLE_CODES: Mapping[int, str] = {
 }
 
 
-def classify(response: httpx.Response) -> Outcome:
+def classify(response: httpx.Response) -> outcomes.Outcome:
     """Map one answer of the Messages API to an outcome (the table in the module docstring)."""
     status = response.status_code
     body = parse_json(response)
     if 200 <= status < 300:
         sid = body.get("sid") if isinstance(body, dict) else None
         if sid:
-            return Delivered(str(sid), status)
-        return Unknown("NO_PROVIDER_REF", f"HTTP {status} without a message sid", status)
+            return outcomes.Delivered(str(sid), status)
+        return outcomes.Unknown("NO_PROVIDER_REF", f"HTTP {status} without a message sid", status)
     raw = body.get("code") if isinstance(body, dict) else None
     code = int(raw) if isinstance(raw, int) or (isinstance(raw, str) and raw.isdigit()) else None
     name = str(code) if code is not None else f"HTTP_{status}"
@@ -124,31 +112,31 @@ def classify(response: httpx.Response) -> Outcome:
         else (PERMANENT_CODES.get(code or 0) or f"HTTP {status} {response.reason_phrase}")
     )
     if code in PERMANENT_CODES:
-        return Permanent(name, reason, status)
+        return outcomes.Permanent(name, reason, status)
     if code not in RETRYABLE_CODES and status in WRITTEN_STATUS:
         # The request reached Twilio and it failed while acting on it: the SMS may exist.
-        return Unknown(name, reason, status)
+        return outcomes.Unknown(name, reason, status)
     if code in RETRYABLE_CODES or status in (408, 429) or (status >= 500 and status != 501):
-        return Retryable(
-            name, reason, status, parse_retry_after(response.headers.get("retry-after"))
+        return outcomes.Retryable(
+            name, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
         )
-    return Permanent(name, reason, status)
+    return outcomes.Permanent(name, reason, status)
 
 
 def judge(
     matches: Sequence[Mapping[str, Any]], *, complete: bool = True, http_status: int = 200
-) -> LookupOutcome:
+) -> outcomes.LookupOutcome:
     """What the messages that match ours say (the lookup table in the module docstring).
 
     ``complete`` is false when the page budget ran out: only Found is then conclusive.
     """
     for message in matches:
         if message.get("status") in DELIVERED_STATUSES and message.get("sid"):
-            return Found(str(message["sid"]), http_status)
+            return outcomes.Found(str(message["sid"]), http_status)
     strange = [m for m in matches if m.get("status") not in _KNOWN_STATUSES]
     if strange or not complete:
         status = strange[0].get("status") if strange else None
-        return LookupFailed(
+        return outcomes.LookupFailed(
             "LOOKUP_STATUS" if strange else "LOOKUP_BUDGET",
             f"a matching message has status {str(status)[:32]!r}, not one of Twilio's"
             if strange
@@ -159,16 +147,16 @@ def judge(
         sid = str(message.get("sid") or "")
         status = message.get("status")
         if status == CANCELED:
-            return Undeliverable(
+            return outcomes.Undeliverable(
                 "CANCELED", f"message {sid} was canceled at Twilio", sid or None, http_status
             )
         code = _error_code(message.get("error_code"))
         if status in FAILED_STATUSES and code is not None and code not in RESEND_CODES:
             what = UNDELIVERABLE_CODES.get(code, "a delivery error not known to be transient")
-            return Undeliverable(
+            return outcomes.Undeliverable(
                 str(code), f"message {sid} {status}: {what}", sid or None, http_status
             )
-    return Absent(http_status)
+    return outcomes.Absent(http_status)
 
 
 def _error_code(value: Any) -> int | None:

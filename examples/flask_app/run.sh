@@ -15,50 +15,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PORT="${PORT:-5000}"
-STUB_PORT="${STUB_PORT:-9090}"
-export DELIVERY_HOME="${DELIVERY_HOME:-.delivery}"
-mkdir -p "$DELIVERY_HOME"
-# Named for every process here (app, worker, beat), so that all of them share one outbox and
-# one broker: a half-configured process would refuse to start.
+. examples/run_common.sh
 export DELIVERY_DATABASE_URL="${DELIVERY_DATABASE_URL:-sqlite:///$(cd "$DELIVERY_HOME" && pwd)/outbox.sqlite3}"
-export DELIVERY_BROKER_URL="${DELIVERY_BROKER_URL:-filesystem://}"
-if [ -z "${DELIVERY_CONFIG:-}" ]; then
-  export DELIVERY_CONFIG="$DELIVERY_HOME/example.toml"
-  printf '[providers.stub]\nkind = "http"\nbase_url = "http://127.0.0.1:%s"\n' "$STUB_PORT" \
-    >"$DELIVERY_CONFIG"
-fi
-
-pids=()
-stop() {
-  trap - EXIT INT TERM
-  if [ "${#pids[@]}" -gt 0 ]; then
-    kill "${pids[@]}" 2>/dev/null || true
-    # A worker whose warm shutdown hangs must not outlive Ctrl-C: 20 s, then SIGKILL (and
-    # its pool's children).
-    for _ in $(seq 40); do
-      alive=0
-      for pid in "${pids[@]}"; do if kill -0 "$pid" 2>/dev/null; then alive=1; fi; done
-      [ "$alive" = 1 ] || break
-      sleep 0.5
-    done
-    for pid in "${pids[@]}"; do
-      pkill -KILL -P "$pid" 2>/dev/null || true
-      kill -KILL "$pid" 2>/dev/null || true
-    done
-  fi
-  wait || true
-}
-trap stop EXIT INT TERM
 
 delivery db upgrade
-delivery stub-provider --port "$STUB_PORT" &
-pids+=($!)
 # The thread pool suits the embedded SQLite outbox; on PostgreSQL the default pool works too.
-celery -A tasks worker --loglevel INFO --pool threads --concurrency 4 &
-pids+=($!)
-celery -A tasks beat --loglevel INFO -s "$DELIVERY_HOME/celerybeat-schedule" &
-pids+=($!)
-HOST=127.0.0.1 PORT="$PORT" python -m examples.flask_app &
-pids+=($!)
+start_services --pool threads --concurrency 4
+start env HOST=127.0.0.1 PORT="$PORT" python -m examples.flask_app
 echo "run.sh: the app is starting on http://127.0.0.1:$PORT (Ctrl-C stops everything)"
 wait -n  # one of them ended: stop the others
