@@ -10,6 +10,7 @@ or sweeper of the suite never touches them.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections import Counter
 from collections.abc import Sequence
 
@@ -174,3 +175,32 @@ def test_queued_rows_renewed_by_the_relay_outlive_their_first_lease(clean: Engin
     swept = sweep(clean, now=now + dt.timedelta(seconds=5))
     assert (swept.requeued, swept.recovered) == (3, 1)  # all but the queued two; the send
     assert sweep(clean, now=now + dt.timedelta(seconds=11)).requeued == 2
+
+
+def test_keeper_renews_a_received_message_at_once_without_polling() -> None:
+    """The keeper renews a message the moment the worker receives it (``task_received``), not
+    at its next periodic pass (an hour away here); a failed renewal is tried again with the
+    next wake-up."""
+    from tasks.leases import Keeper
+
+    renewed: list[set[int]] = []
+    failed, called = threading.Event(), threading.Event()
+
+    def renew(ids: set[int]) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("database down")
+        renewed.append(set(ids))
+        called.set()
+
+    keeper = Keeper(3600.0, renew)
+    keeper.start()
+    try:
+        keeper.received(7)  # this renewal fails...
+        assert failed.wait(30.0)
+        keeper.received(8)  # ...and the next wake-up renews both
+        assert called.wait(30.0)
+        assert renewed == [{7, 8}]
+    finally:
+        keeper.stop()
+    assert not keeper.is_alive()
