@@ -63,7 +63,10 @@ def queue_depths() -> dict[str, int | None]:
             channel = conn.default_channel
             for priority, queue in QUEUES.items():
                 with contextlib.suppress(Exception):
-                    declared = channel.queue_declare(queue=queue, passive=True)
+                    # Declared as the workers declare it, not passively: an empty Redis queue
+                    # is no key at all, which a passive declare reports as missing (no depth:
+                    # no back-pressure, just when a backlog falls due).
+                    declared = app.amqp.queues[queue].bind(channel).queue_declare()
                     depths[priority] = int(declared.message_count)
     except Exception as exc:  # the publish will say what is wrong with the broker
         log.debug("queue depths unavailable: %s", exc)

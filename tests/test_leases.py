@@ -204,3 +204,15 @@ def test_keeper_renews_a_received_message_at_once_without_polling() -> None:
     finally:
         keeper.stop()
     assert not keeper.is_alive()
+
+
+@pytest.mark.integration
+def test_relay_knows_the_depth_of_every_queue_empty_ones_included(clean: Engine) -> None:
+    """The relay's broker depths are numbers for every queue, an empty Redis queue included
+    (no key in Redis: a passive declare called it missing, so the relay published a whole
+    backlog at once, without back-pressure or renewal, just when it fell due)."""
+    from tasks.schedule import queue_depths
+
+    depths = queue_depths()
+    assert set(depths) == {"urgent", "normal", "bulk"}
+    assert all(isinstance(depth, int) and depth >= 0 for depth in depths.values()), depths
