@@ -1,7 +1,7 @@
 """Recovery after a worker is killed (issue 12 §2), with the default settings, next to the
 code before the change in the same run; prints the rows for ``bench/RELIABILITY.md``.
 
-    python -m bench.recovery [--n 150] [--baseline /tmp/recovery-baseline]
+    python -m bench.recovery [--n 150] [--baseline /tmp/recovery-baseline] [--brokers redis]
 
 Runs ``tests/recovery.py``'s ``held_by_killed_worker`` on a private cluster: one worker
 (4 threads, prefetching 16) against a provider answering in 0.5 s, SIGKILLed while it holds
@@ -54,6 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n", type=int, default=150)
     parser.add_argument("--baseline", type=Path, default=None)
+    parser.add_argument("--brokers", default="redis,rabbitmq")
     args = parser.parse_args(argv)
     rows: list[str] = []
     receipts: list[str] = []
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         runs: list[tuple[str, str, Path]] = []
         if args.baseline is not None:
             runs.append(("before", "redis", args.baseline))
-        runs += [("after", "redis", ROOT), ("after", "rabbitmq", ROOT)]
+        runs += [("after", broker, ROOT) for broker in args.brokers.split(",")]
         for label, broker, tree in runs:
             if broker == "rabbitmq" and not Cluster.rabbitmq_reachable():
                 continue
