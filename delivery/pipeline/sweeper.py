@@ -11,7 +11,7 @@
   late.
 
 Every change goes through the conditional UPDATEs of ``delivery.pipeline.transitions``
-(``move_all`` for a batch, ``move`` for one row): the expected status (and, for a send, the
+(``move_all`` for a batch, ``move_lost`` for one send): the expected status (and, for a send, the
 attempt count) is the fence, so a row a worker settles meanwhile is never moved.
 """
 

@@ -4,15 +4,14 @@ and the conditional UPDATEs every transition of an attempt goes through.
 - ``Action`` and ``Result``: the closed answer of one attempt to its task (``sender.deliver``).
 - ``Sending``: the frozen description of the message in flight (this attempt's number, its
   policy and backoff); ``Failure``: why an attempt did not end it, and what to log.
-- ``move``: the one conditional UPDATE of a row (status *and* attempt count as seen, plus an
-  optional further condition: the sweeper's "its lease has passed"); ``finish`` moves this
-  attempt's ``sending`` row; ``park`` puts it back to wait; ``log_attempt`` writes the
+- ``move``: the one conditional UPDATE of a row (status *and* attempt count as seen), and
+  ``move_lost`` the same for a ``sending`` row whose lease passed (the sweeper's); ``finish``
+  moves this attempt's ``sending`` row; ``park`` puts it back to wait; ``log_attempt`` writes the
   attempt's row, ``log_lost`` the row of an attempt whose worker was lost.
 - ``move_all``: the conditional UPDATE of a batch (the sweeper's expired leases and
   time-to-lives): every row in the expected status that matches, the status as its fence.
-  ``move_lost``: ``move`` for a ``sending`` row whose lease passed (the sweeper's). A new
-  path (a batch, a lease renewal) gets a primitive of the same kind here, not an inline
-  UPDATE.
+  A new path (a batch, a lease renewal) gets a primitive of the same kind here, not an
+  inline UPDATE.
 """
 
 from __future__ import annotations
