@@ -32,6 +32,9 @@ from typing import Any
 from sqlalchemy import BigInteger, Integer, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+if "tasks.deliver" in sys.modules:  # it read the settings already: they would not be ours
+    raise RuntimeError("import bench.common before tasks (tasks reads DELIVERY_* at import)")
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results"
 
@@ -75,6 +78,11 @@ base_url = "{STUB_URL}"
 provider = "stub"
 on_unknown = "retry"
 """)
+#: The same configuration with one message per task: the path before batches.
+SINGLE_CONFIG = RUN_DIR / "delivery-single.toml"
+SINGLE_CONFIG.write_text(
+    CONFIG.read_text().replace("[delivery]\n", "[delivery]\nbatch_size = 1\n", 1)
+)
 os.environ.update(
     DELIVERY_DATABASE_URL=PG_URL,
     DELIVERY_BROKER_URL=BROKER_URL,
@@ -214,10 +222,11 @@ class Processes:
         self._procs.append(proc.start())
         return proc
 
-    def beat(self) -> Any:
+    def beat(self, env: dict[str, str] | None = None) -> Any:
         from delivery.testing.processes import beat
 
-        proc = beat(RUN_DIR / "beat.log", RUN_DIR / "beat-schedule", cwd=ROOT)
+        full = {**os.environ, **env} if env else None
+        proc = beat(RUN_DIR / "beat.log", RUN_DIR / "beat-schedule", cwd=ROOT, env=full)
         self._procs.append(proc.start())
         return proc
 

@@ -10,9 +10,18 @@ per second = messages / that time. Every run starts new workers on an empty outb
 after a 100-message warm-up, and checks that every key took effect exactly once.
 
     python -m bench.end_to_end [--messages 5000] [--pools prefork:4,threads:8] [--matched]
+    python -m bench.end_to_end --backlog [--messages 5000] [--pools prefork:2,threads:4]
 
 ``--matched`` adds a third path: Celery alone with the settings ``tasks.app`` uses (late acks,
 task events, sent events, track started), to separate their cost from the outbox's.
+
+``--backlog`` (issue 13): the app commits all the messages in one transaction (delivery:
+``enqueue_many``, the nudge off, so that beat's relay drains a backlog; Celery alone:
+``apply_async`` for each right after the commit), and the clock runs from the commit's start
+to the last accept. Per pool, in the same run: Celery alone, ``delivery`` with one message per
+task (``batch_size = 1``: the path before batches), with the default batches, and with the
+default batches but no task events (what Flower's per-message events cost). CPU per delivered
+message is split per process: worker (and its pool children), PostgreSQL backends, beat, app.
 """
 
 from __future__ import annotations
@@ -26,10 +35,11 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-import tasks  # noqa: F401  (installs the post-commit nudge in this process)
 from bench import celery_alone
 from bench.common import (
+    CONFIG,
     PG_URL,
+    SINGLE_CONFIG,
     CpuMeter,
     Order,
     Processes,
@@ -44,9 +54,11 @@ from bench.common import (
     truncate,
     wait_until,
 )
-from delivery import enqueue
+from delivery import enqueue, enqueue_many
+from delivery.pipeline import outbox
 from delivery.pipeline.models import Message
 from delivery.runtime.db import make_engine
+from tasks import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 
 def to(i: int) -> str:
@@ -156,6 +168,179 @@ def one_run(
     }
 
 
+def produce_backlog(engine: Any, n: int, prefix: str, path: str) -> None:
+    """All ``n`` messages committed in one app transaction (one business row each)."""
+    if path == "alone":
+        produce_alone(engine, n, prefix, n)
+        return
+    nudge = outbox._nudge
+    outbox.set_nudge(None)  # the relay drains the backlog
+    try:
+        with Session(engine) as s, s.begin():
+            s.add_all([Order(ref=f"{prefix}-{i}", amount=i) for i in range(n)])
+            specs = (
+                dict(channel="sms", to=to(i), payload={"body": f"code {i}"}, key=f"{prefix}-{i}")
+                for i in range(n)
+            )
+            enqueue_many(s, specs)
+    finally:
+        outbox.set_nudge(nudge)
+
+
+#: The backlog runs: (label, path, batch configuration, task events).
+BACKLOG_RUNS = [
+    ("alone", "alone", None, True),
+    ("single", "delivery", SINGLE_CONFIG, True),
+    ("batch", "delivery", CONFIG, True),
+    ("batch_no_events", "delivery", CONFIG, False),
+]
+
+
+def backlog_run(
+    engine: Any,
+    procs: Processes,
+    stub: Any,
+    stub_pid: int,
+    *,
+    run: tuple[str, str, Any, bool],
+    pool: str,
+    concurrency: int,
+    messages: int,
+) -> dict[str, Any]:
+    label, path, config, events = run
+    truncate(engine)
+    flush_redis()
+    stub.reset()
+    monitor = make_engine(PG_URL, pool_size=1, max_overflow=0)
+    env = {"BENCH_NO_EVENTS": "0" if events else "1"}
+    started = []
+    if path == "delivery":
+        env["DELIVERY_CONFIG"] = str(config)
+        started.append(
+            procs.worker("tasks", pool=pool, concurrency=concurrency, name="e2e", env=env)
+        )
+        started.append(procs.beat(env))
+    else:
+        celery_alone.app.conf.task_send_sent_event = False
+        env["BENCH_ALONE_MATCHED"] = "0"
+        started.append(
+            procs.worker(
+                "bench.celery_alone", pool=pool, concurrency=concurrency, name="e2e", env=env
+            )
+        )
+    try:
+        produce_backlog(engine, 100, "warm", path)
+        wait_until(lambda: effects_total(stub) >= 100, 60, 0.1, "warm-up")
+        truncate(engine)
+        stub.reset()
+        time.sleep(1.0)
+        worker = started[0]
+        meter = CpuMeter(
+            {
+                "worker": lambda: [worker.pid, *children(worker.pid)],
+                "app": lambda: [os.getpid()],
+                "postgres": lambda: database_backends(monitor),
+                "beat": lambda: [p.pid for p in started[1:]],
+                "stub": lambda: [stub_pid],
+            }
+        )
+        load = os.getloadavg()
+        meter.start()
+        t0 = time.time()
+        produce_backlog(engine, messages, "m", path)
+        wait_until(lambda: effects_total(stub) >= messages, 900, 0.5, f"{messages} effects")
+        cpu = meter.stop()
+        accepts = [r["at"] for r in stub.requests() if r["outcome"] == "effect"]
+        effects = stub.effects()
+        assert len(effects) == messages and set(effects.values()) == {1}, "not once per key"
+    finally:
+        for proc in reversed(started):
+            procs.stop(proc)
+        monitor.dispose()
+    total = max(accepts) - t0
+    per = {k: round(v * 1000 / messages, 3) for k, v in cpu.items()}
+    return {
+        "run": label,
+        "rate": round(messages / total, 1),
+        "seconds": round(total, 3),
+        "cpu_ms_per_message": per,
+        "cpu_ms_total": round(sum(v for k, v in per.items() if k != "stub"), 3),
+        "load": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _split(result: dict[str, Any]) -> str:
+    cpu = result["cpu_ms_per_message"]
+    return (
+        f"{result['rate']:,.0f} msg/s; CPU ms/msg {result['cpu_ms_total']:.2f} (worker "
+        f"{cpu['worker']:.2f}, PostgreSQL {cpu['postgres']:.2f}, beat {cpu['beat']:.2f}, app "
+        f"{cpu['app']:.2f}); load {' '.join(f'{x:.2f}' for x in result['load'])}"
+    )
+
+
+def backlog_main(messages: int, pools: list[tuple[str, int]]) -> None:
+    figures: dict[str, Any] = {"messages": messages, "mode": "backlog"}
+    rows = []
+    with session() as procs:
+        engine = fresh_database()
+        stub = procs.stub()
+        stub_pid = procs.pids()[-1]
+        for index, (pool, concurrency) in enumerate(pools):
+            runs = BACKLOG_RUNS if index % 2 == 0 else list(reversed(BACKLOG_RUNS))
+            results: dict[str, Any] = {}
+            for run in runs:
+                log(f"backlog {messages}, {pool} x{concurrency}: {run[0]}")
+                results[run[0]] = backlog_run(
+                    engine,
+                    procs,
+                    stub,
+                    stub_pid,
+                    run=run,
+                    pool=pool,
+                    concurrency=concurrency,
+                    messages=messages,
+                )
+                log(f"  {results[run[0]]}")
+            figures[f"backlog {pool}:{concurrency}"] = results
+            alone, batch = results["alone"], results["batch"]
+            single, quiet = results["single"], results["batch_no_events"]
+            what = f"{messages:,}-message backlog, {pool} x{concurrency}"
+            rows.append(
+                row(
+                    f"end to end, {what}",
+                    batch["rate"] / alone["rate"],
+                    ">= 1.5x (aim 2.5x)",
+                    batch["rate"] / alone["rate"] >= 1.5,
+                    _split(batch),
+                    f"Celery alone {_split(alone)}",
+                )
+            )
+            rows.append(
+                row(
+                    f"CPU per delivered message, all processes, {what}",
+                    batch["cpu_ms_total"] / alone["cpu_ms_total"],
+                    "<= 1.0x",
+                    batch["cpu_ms_total"] / alone["cpu_ms_total"] <= 1.0,
+                    f"batches: {batch['cpu_ms_total']:.2f} ms",
+                    f"Celery alone {alone['cpu_ms_total']:.2f} ms; before (batch_size 1): "
+                    f"{_split(single)}",
+                )
+            )
+            rows.append(
+                row(
+                    f"Flower's per-message task events, {what}",
+                    quiet["rate"] / batch["rate"],
+                    "(cost)",
+                    None,
+                    f"events on {_split(batch)}",
+                    f"events off {_split(quiet)}",
+                )
+            )
+        report("end_to_end_backlog", figures, rows, engine)
+        engine.dispose()
+
+
 def _described(result: dict[str, Any]) -> str:
     cpu = result["cpu_ms_per_message"]
     return (
@@ -172,8 +357,14 @@ def main() -> None:
         "--per-tx", default="100,1", help="messages per app transaction, one run each"
     )
     parser.add_argument("--matched", action="store_true")
+    parser.add_argument("--backlog", action="store_true", help="issue 13's backlog runs")
     args = parser.parse_args()
+    if args.backlog and args.pools == parser.get_default("pools"):
+        args.pools = "prefork:2,threads:4"
     pools = [(p, int(c)) for p, c in (spec.split(":") for spec in args.pools.split(","))]
+    if args.backlog:
+        backlog_main(args.messages, pools)
+        return
     modes = [int(n) for n in args.per_tx.split(",")]
     paths = ["alone", "delivery"] + (["alone_matched"] if args.matched else [])
     figures: dict[str, Any] = {"messages": args.messages}

@@ -11,12 +11,19 @@ kind, ``floor``, is an experiment: the same validation and row through one pre-b
 Statements are counted with a ``before_cursor_execute`` listener (``COMMIT`` is not a cursor
 statement and is the same in all three).
 
-    python -m bench.enqueue_cost [--rounds 10] [--block 200]
+    python -m bench.enqueue_cost [--rounds 10] [--block 200] [--many 10000] [--campaign 100000]
+
+``enqueue_many`` (issue 13): ``--many`` messages in one transaction through ``enqueue_many``
+next to a loop of ``enqueue`` (rows/s, nudge off, interleaved, median of 3); then
+``--campaign`` messages from a generator in one transaction, with this process's peak RSS
+growth (``ru_maxrss``): the messages are never all held at once.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import resource
 import time
 from collections.abc import Callable
 from typing import Any
@@ -25,12 +32,12 @@ from sqlalchemy import event
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
-import tasks  # noqa: F401  (installs the post-commit nudge in this process)
 from bench.common import Order, fresh_database, log, median, report, row, session, truncate
-from delivery import enqueue
+from delivery import enqueue, enqueue_many
 from delivery.pipeline import outbox
 from delivery.pipeline.models import messages_table, utcnow
 from delivery.pipeline.validation import check_key, check_payload, check_recipient, payload_hash
+from tasks import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 
 class Counter:
@@ -80,6 +87,50 @@ def floor(s: Session, i: int) -> None:
     ).scalar_one()
 
 
+def _spec(prefix: str, i: int) -> dict[str, Any]:
+    return dict(
+        channel="sms", to="+12015550123", payload={"body": f"code {i}"}, key=f"{prefix}-{i}"
+    )
+
+
+def many_rates(engine: Any, n: int) -> dict[str, Any]:
+    """rows/s of ``n`` messages in one transaction: an ``enqueue`` loop vs ``enqueue_many``."""
+    outbox.set_nudge(None)
+    rates: dict[str, list[float]] = {"loop": [], "many": []}
+    for round_ in range(3):
+        for kind in ("loop", "many") if round_ % 2 == 0 else ("many", "loop"):
+            truncate(engine)
+            start = time.perf_counter()
+            with Session(engine) as s, s.begin():
+                if kind == "loop":
+                    for i in range(n):
+                        enqueue(s, **_spec(f"{kind}{round_}", i))
+                else:
+                    enqueue_many(s, (_spec(f"{kind}{round_}", i) for i in range(n)))
+            rates[kind].append(n / (time.perf_counter() - start))
+            log(f"{n} in one transaction, {kind}: {rates[kind][-1]:,.0f} rows/s")
+    return {k: round(median(v), 1) for k, v in rates.items()}
+
+
+def campaign(engine: Any, n: int) -> dict[str, Any]:
+    """``n`` messages from a generator through ``enqueue_many`` in one transaction."""
+    truncate(engine)
+    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    start = time.perf_counter()
+    with Session(engine) as s, s.begin():
+        done = enqueue_many(s, (_spec("campaign", i) for i in range(n)))
+    seconds = time.perf_counter() - start
+    peak_after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    assert done.created == n
+    return {
+        "messages": n,
+        "seconds": round(seconds, 2),
+        "rows_per_s": round(n / seconds, 1),
+        "peak_rss_growth_mib": round((peak_after - peak_before) / 1024, 1),
+        "peak_rss_mib": round(peak_after / 1024, 1),
+    }
+
+
 def transaction(
     engine: Any, i: int, extra: Callable[[Session, int], None] | None, counter: Counter
 ) -> tuple[float, int, int]:
@@ -105,6 +156,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=10)
     parser.add_argument("--block", type=int, default=200)
+    parser.add_argument("--many", type=int, default=10_000)
+    parser.add_argument("--campaign", type=int, default=100_000)
     args = parser.parse_args()
     nudge = outbox._nudge
     kinds: dict[str, tuple[Callable[[Session, int], None] | None, Any]] = {
@@ -187,6 +240,34 @@ def main() -> None:
                 None,
                 f"{med['floor'] * 1000:.3f} ms per transaction",
                 f"{med['plain'] * 1000:.3f} ms without enqueue",
+            )
+        )
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+        big = campaign(engine, args.campaign)  # first: its peak RSS is not hidden by the loop's
+        rates = many_rates(engine, args.many)
+        outbox.set_nudge(nudge)
+        figures.update(enqueue_many=rates, campaign=big)
+        ratio = rates["many"] / rates["loop"]
+        rows.append(
+            row(
+                f"enqueue_many: rows/s of {args.many:,} messages in one transaction vs an "
+                "enqueue loop",
+                ratio,
+                ">= 10x",
+                ratio >= 10,
+                f"{rates['many']:,.0f} rows/s (load {load})",
+                f"enqueue loop {rates['loop']:,.0f} rows/s",
+            )
+        )
+        rows.append(
+            row(
+                f"enqueue_many: {args.campaign:,} messages from a generator in one transaction",
+                None,
+                "not all held at once",
+                big["peak_rss_growth_mib"] < 200,
+                f"{big['seconds']} s, {big['rows_per_s']:,.0f} rows/s, peak RSS +"
+                f"{big['peak_rss_growth_mib']} MiB (to {big['peak_rss_mib']} MiB; load {load})",
+                "",
             )
         )
         report("enqueue_cost", figures, rows, engine)

@@ -19,7 +19,6 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
-import tasks  # noqa: F401  (installs the post-commit nudge in this process)
 from bench.common import (
     Order,
     fresh_database,
@@ -33,6 +32,7 @@ from bench.common import (
 )
 from delivery import enqueue
 from delivery.pipeline import outbox
+from tasks import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 
 def steady(

@@ -15,9 +15,16 @@ def _ready(**_: Any) -> None:
 
 
 def main(argv: list[str]) -> None:
+    import os
+
     from celery.bin.celery import main as celery_main
 
     app, *options = argv
+    if os.environ.get("BENCH_NO_EVENTS") == "1":  # to measure what task events cost
+        import importlib
+
+        module = importlib.import_module(app)
+        module.app.conf.update(worker_send_task_events=False, task_track_started=False)
     sys.argv = ["celery", "-A", app, "worker", *options]
     celery_main()
 

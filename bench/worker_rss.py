@@ -16,7 +16,6 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-import tasks  # noqa: F401  (installs the post-commit nudge in this process)
 from bench.common import (
     children,
     fresh_database,
@@ -29,6 +28,7 @@ from bench.common import (
     wait_until,
 )
 from delivery import enqueue
+from tasks import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 
 def produce(engine: Any, start: int, stop: int) -> None:

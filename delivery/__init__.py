@@ -23,9 +23,10 @@ from delivery.errors import (
     MessageNotFound,
 )
 from delivery.observability.events import Transition, add_hook
+from delivery.pipeline.bulk import Enqueued, enqueue_many
 from delivery.pipeline.keys import agent_key, key
 from delivery.pipeline.models import Attempt, Message
-from delivery.pipeline.outbox import enqueue
+from delivery.pipeline.outbox import EnqueueArgs, enqueue
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
 from delivery.runtime.current import configure, get_settings
@@ -34,6 +35,8 @@ __all__ = [
     "Attempt",
     "ConfigError",
     "DeliveryError",
+    "EnqueueArgs",
+    "Enqueued",
     "IdempotencyConflict",
     "InvalidMessage",
     "Message",
@@ -46,6 +49,7 @@ __all__ = [
     "agent_key",
     "configure",
     "enqueue",
+    "enqueue_many",
     "get_settings",
     "key",
     "load_settings",

@@ -77,7 +77,9 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
         self.conf.update(conf)
 
 
-app = DeliveryCelery("delivery", include=["tasks.deliver", "tasks.schedule", "tasks.leases"])
+app = DeliveryCelery(
+    "delivery", include=["tasks.deliver", "tasks.batch", "tasks.schedule", "tasks.leases"]
+)
 
 _lock = threading.Lock()
 _service: Service | None = None

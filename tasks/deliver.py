@@ -22,6 +22,7 @@ import contextlib
 import datetime as dt
 import logging
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -37,7 +38,7 @@ from delivery.pipeline.sender import deliver as deliver_once
 from delivery.runtime.current import get_settings
 from tasks.app import QUEUE, QUEUES, app, service
 
-__all__ = ["DeadLettered", "deliver", "publish"]
+__all__ = ["BATCH", "DeadLettered", "announce", "batches", "deliver", "publish"]
 
 #: kombu's retry policy for one publish: about 1.5 s at most before the relay gives the rows back.
 PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 1.0}
@@ -59,7 +60,7 @@ _NOT_DELIVERED = {
 }
 
 
-def _announce(task: Task, event: str, result: str) -> None:
+def announce(task: Task, event: str, result: str) -> None:
     """A custom task event for Flower: its state becomes ``event`` upper-cased and its
     ``result`` field (searchable) ``result``. Events are a view: a failure to send one is
     logged, never a reason to fail a delivery."""
@@ -79,7 +80,7 @@ def deliver(self: Task, message_id: int, key: str) -> str:
         raise self.retry(countdown=result.delay, max_retries=None)
     if result.action is Action.PARKED:
         due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=result.delay or 0.0)
-        _announce(
+        announce(
             self,
             "parked",
             f"parked: {result.code} until {due.isoformat(timespec='seconds')}; back in the "
@@ -87,7 +88,7 @@ def deliver(self: Task, message_id: int, key: str) -> str:
         )
         raise Ignore()  # acknowledged; no success event, so Flower keeps PARKED
     if result.action is Action.DONE and result.status in _NOT_DELIVERED:
-        _announce(self, "dead-lettered", f"{result.status}: {result.code}")
+        announce(self, "dead-lettered", f"{result.status}: {result.code}")
         # The code, the id and the key only: this text reaches the worker log, the broker's
         # task-failed event and Flower, so never the provider's reason (G6).
         raise DeadLettered(
@@ -100,23 +101,22 @@ def deliver(self: Task, message_id: int, key: str) -> str:
 
 
 class _Template(NamedTuple):
-    """What every deliver message shares, built once per process by Celery itself."""
+    """What every message of one task shares, built once per process by Celery itself."""
 
     headers: dict[str, Any]
     options: dict[str, Any]
     queues: list[Any]
 
 
-_template: _Template | None = None
+BATCH = "delivery.deliver_batch"
+_templates: dict[str, _Template] = {}
 
 
-def _message_template() -> _Template:
-    global _template
-    if _template is None:
+def _message_template(name: str = "delivery.deliver") -> _Template:
+    template = _templates.get(name)
+    if template is None:
         # Celery's own protocol-2 builder, so that the messages match what apply_async sends.
-        message = app.amqp.as_task_v2(
-            "-", deliver.name, (0, "-"), {}, ignore_result=deliver.ignore_result
-        )
+        message = app.amqp.as_task_v2("-", name, (0, "-"), {}, ignore_result=True)
         queue = app.amqp.queues[QUEUE]
         options = dict(
             exchange="",  # the default exchange: routing key = queue, no binding lookup
@@ -130,50 +130,88 @@ def _message_template() -> _Template:
             reply_to=app.thread_oid,  # as apply_async sets it (unused: results are ignored)
         )
         queues = [app.amqp.queues[name] for name in QUEUES.values()]
-        _template = _Template(dict(message.headers), options, queues)
-    return _template
+        template = _templates[name] = _Template(dict(message.headers), options, queues)
+    return template
 
 
-def publish(claims: Sequence[Claim]) -> None:
-    """Publish one ``delivery.deliver`` task per claimed row: args ``(id, key)``, task id =
-    key (Flower finds a message by its key).
+def batches(claims: Sequence[Claim], size: int) -> list[list[Claim]]:
+    """Split ``claims`` into tasks: per queue, a backlog of at least ``size`` messages goes in
+    chunks of at most ``size`` of even length (120 at 50: 40 + 40 + 40, not 50 + 50 + 20);
+    fewer than ``size`` (a nudge, a quiet relay pass) go one per task (``delivery.deliver``),
+    spread over every worker slot as before, and latency never waits for a batch to fill."""
+    by_queue: dict[str, list[Claim]] = {}
+    for claim in claims:
+        by_queue.setdefault(claim.priority, []).append(claim)
+    chunks: list[list[Claim]] = []
+    for group in by_queue.values():
+        if size <= 1 or len(group) < size:
+            chunks.extend([claim] for claim in group)
+            continue
+        count = -(-len(group) // size)
+        step = -(-len(group) // count)
+        chunks.extend(group[i : i + step] for i in range(0, len(group), step))
+    return chunks
+
+
+def publish(claims: Sequence[Claim]) -> dict[str, int]:
+    """Publish the claimed rows: a ``delivery.deliver`` task for a message alone (args ``(id,
+    key)``, task id = key: Flower finds a message by its key), a ``delivery.deliver_batch``
+    task for up to ``batch_size`` messages of one queue (args ``([[id, key], ...],)``; its
+    worker sends Flower per-message events under each key, ``tasks.batch``). Return the
+    tasks published per priority (the relay's back-pressure counts tasks).
 
     Fast path for the relay and the nudge: one held producer connection, Celery protocol-2
-    messages built from a per-process template (no ``apply_async`` per row), sent to the
+    messages built from a per-process template (no ``apply_async`` per task), sent to the
     default exchange with the routing key of the message's queue (``delivery``, or
     ``delivery.urgent`` / ``delivery.bulk`` by its type's priority) and, where kombu can
     (``Producer.batch``, kombu >= 5.7 on Redis), buffered into one pipeline per call. No
     ``task-sent`` events or publish signals are sent; the worker's events show the task in
     Flower. A failure raises, and the relay puts the rows back to ``pending``."""
+    published: dict[str, int] = {}
     if not claims:
-        return
-    template = _message_template()
-    headers, options = template.headers, template.options
+        return published
+    single, batch_template = _message_template(), _message_template(BATCH)
+    chunks = batches(claims, get_settings().batch_size)
     with app.producer_or_acquire() as producer:
-        for queue in template.queues:
+        for queue in single.queues:
             producer.maybe_declare(queue)
         batch = getattr(producer, "batch", None)
-        with batch(max_size=max(len(claims), 1)) if batch else contextlib.nullcontext():
-            for message_id, key, priority, _provider, attempts in claims:
+        with batch(max_size=max(len(chunks), 1)) if batch else contextlib.nullcontext():
+            for chunk in chunks:
+                first = chunk[0]
+                if len(chunk) == 1:
+                    args: tuple[Any, ...] = (first.id, first.key)
+                    task_id, retries, headers = first.key, first.attempts, single.headers
+                else:
+                    args = ([[c.id, c.key] for c in chunk],)
+                    task_id, retries, headers = f"batch-{uuid.uuid4()}", 0, batch_template.headers
                 producer.publish(
-                    ((message_id, key), {}, _EMBED),
+                    (args, {}, _EMBED),
                     headers={
                         **headers,
-                        "id": key,
-                        "root_id": key,
-                        "argsrepr": repr((message_id, key)),
+                        "id": task_id,
+                        "root_id": task_id,
+                        "argsrepr": repr(args),
                         # Flower's "retries": the attempts the message already had, so a
                         # republished message does not start counting again at 0.
-                        "retries": attempts,
+                        "retries": retries,
                     },
-                    correlation_id=key,
-                    routing_key=QUEUES.get(priority, QUEUE),
-                    **options,
+                    correlation_id=task_id,
+                    routing_key=QUEUES.get(first.priority, QUEUE),
+                    **single.options,
                 )
+                published[first.priority] = published.get(first.priority, 0) + 1
+    return published
+
+
+#: A nudge claims at most this many of the rows one commit made (``enqueue_many``); the beat
+#: relay publishes the rest within ``relay_interval``.
+NUDGE_MAX = 500
 
 
 def _nudge(engine: Any, ids: list[int]) -> None:
     settings = get_settings()
+    ids = ids[:NUDGE_MAX]
     relay_once(
         engine,
         publish,

@@ -5,10 +5,12 @@ broker, for every pool), stopped on ``worker_shutdown``. Two things wake it:
 
 - ``task_received`` (Celery's signal, sent by the consumer for every task message it takes
   from the broker, prefetched ones included, before the task is reserved, scheduled or run):
-  the message id is handed to the keeper, which renews it at once. No polling: an idle
-  worker costs nothing, and a busy one one UPDATE per burst of received tasks.
-- every ``hold_lease / 3`` s: it reads the ``delivery.deliver`` requests the worker has
-  reserved, is running or holds for a countdown (``celery.worker.state``) and renews them all.
+  the message ids (one, or every message a batch carries) are handed to the keeper, which
+  renews them at once. No polling: an idle worker costs nothing, and a busy one one UPDATE
+  per burst of received tasks.
+- every ``hold_lease / 3`` s: it reads the ``delivery.deliver`` and
+  ``delivery.deliver_batch`` requests the worker has reserved, is running or holds for a
+  countdown (``celery.worker.state``) and renews them all.
 
 Renewals are one round trip (``delivery.pipeline.leases.renew_held``) on an engine of its own
 created after the pool forked. A killed worker stops renewing, and beat's sweeper returns its
@@ -40,6 +42,7 @@ __all__ = ["Keeper", "held_ids", "renew_once", "start_keeper", "stop_keeper"]
 log = logging.getLogger("delivery.worker")
 
 DELIVER = "delivery.deliver"
+DELIVER_BATCH = "delivery.deliver_batch"
 
 
 class Keeper(Loop):
@@ -53,10 +56,10 @@ class Keeper(Loop):
         self._new: set[int] = set()
         self._wake = threading.Event()
 
-    def received(self, message_id: int) -> None:
-        """The worker took the task of ``message_id`` from the broker: renew it now."""
+    def received(self, *message_ids: int) -> None:
+        """The worker took the task of ``message_ids`` from the broker: renew them now."""
         with self._lock:
-            self._new.add(message_id)
+            self._new.update(message_ids)
         self._wake.set()
 
     def stop(self, timeout: float = 5.0) -> None:
@@ -90,16 +93,21 @@ _keeper: Keeper | None = None
 _engine: Engine | None = None
 
 
-def _message_id(request: Any) -> int | None:
-    if getattr(request, "name", None) != DELIVER:
-        return None
+def _message_ids(request: Any) -> list[int]:
+    """The message ids a deliver request carries: one, or every message of a batch."""
+    name = getattr(request, "name", None)
     args = getattr(request, "args", None) or ()
-    return args[0] if args and isinstance(args[0], int) else None
+    if name == DELIVER and args and isinstance(args[0], int):
+        return [args[0]]
+    if name == DELIVER_BATCH and args and isinstance(args[0], list | tuple):
+        # a batch holds every message it carries: [[id, key], ...]
+        return [pair[0] for pair in args[0] if pair and isinstance(pair[0], int)]
+    return []
 
 
 def held_ids() -> set[int]:
-    """Message ids of the deliver tasks this worker has reserved, is running, or holds until
-    their countdown."""
+    """Message ids of the deliver tasks (and of every message of a batch task) this worker has
+    reserved, is running, or holds until their countdown."""
     ids: set[int] = set()
     for _ in range(3):  # the sets change under us while the consumer works; try again
         try:
@@ -114,9 +122,7 @@ def held_ids() -> set[int]:
     else:
         requests = list(state.requests.values())
     for request in requests:
-        message_id = _message_id(request)
-        if message_id is not None:
-            ids.add(message_id)
+        ids.update(_message_ids(request))
     return ids
 
 
@@ -159,9 +165,9 @@ def stop_keeper() -> None:
 
 @task_received.connect  # type: ignore[untyped-decorator]
 def _task_received(request: Any = None, **_: Any) -> None:
-    keeper, message_id = _keeper, _message_id(request)
-    if keeper is not None and message_id is not None:
-        keeper.received(message_id)
+    keeper, ids = _keeper, _message_ids(request)
+    if keeper is not None and ids:
+        keeper.received(*ids)
 
 
 @worker_ready.connect  # type: ignore[untyped-decorator]

@@ -87,16 +87,22 @@ def relay_pass() -> int:
     if _pressure is None:
         _pressure = Backpressure(settings.dispatch_lease, min(settings.relay_batch, FLOOR))
     pressure = _pressure
+    # The broker counts tasks, and a task carries up to batch_size messages: the rooms are
+    # in tasks, the relay's caps and the renewal of queued rows in messages.
+    size = max(settings.batch_size, 1)
     depths = queue_depths()
-    rooms = pressure.rooms(depths, time.monotonic())
+    rooms = {
+        queue: None if room is None else room * size
+        for queue, room in pressure.rooms(depths, time.monotonic()).items()
+    }
     if any(depths.values()):
+        queued = {queue: None if depth is None else depth * size for queue, depth in depths.items()}
         with svc.engine.begin() as conn:
-            renew_queued(conn, depths, lease=settings.dispatch_lease)
+            renew_queued(conn, queued, lease=settings.dispatch_lease)
 
     def counted(claims: Sequence[Claim]) -> None:
-        publish(claims)
-        for claim in claims:
-            pressure.published(claim.priority, 1)
+        for priority, tasks in publish(claims).items():
+            pressure.published(priority, tasks)
 
     published = relay_once(
         svc.engine,

@@ -25,7 +25,8 @@ _frozen = False
 
 def _freeze(request: Any = None, **_: Any) -> None:
     global _frozen
-    if _frozen or getattr(request, "name", None) != leases.DELIVER:
+    delivers = (leases.DELIVER, getattr(leases, "DELIVER_BATCH", leases.DELIVER))
+    if _frozen or getattr(request, "name", None) not in delivers:
         return
     _frozen = True
     os.kill(os.getpid(), signal.SIGSTOP)

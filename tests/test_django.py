@@ -409,22 +409,26 @@ def test_admin_actions_need_the_change_permission(db: Engine) -> None:
 
 
 def test_django_enqueue_takes_delivery_enqueue_keyword_arguments(db: Engine) -> None:
-    """contrib.django.enqueue has exactly delivery.enqueue's keyword arguments (names, kinds,
-    defaults, annotations) minus the session, plus using; type= works through it."""
+    """contrib.django.enqueue takes delivery.enqueue's keyword arguments through the one list
+    both share (``delivery.EnqueueArgs``: names, annotations and which are required pinned to
+    delivery.enqueue's signature) plus settings and using; type= works through it."""
     import inspect
 
     core = dict(inspect.signature(delivery.enqueue).parameters)
     core.pop("session")
+    settings = core.pop("settings")
+    shared = {
+        name: ref.__forward_arg__ for name, ref in delivery.EnqueueArgs.__annotations__.items()
+    }
+    assert list(shared) == list(core)
+    for name, parameter in core.items():
+        required = parameter.default is inspect.Parameter.empty
+        expected = f"Required[{parameter.annotation}]" if required else parameter.annotation
+        assert shared[name] == expected, name
     ours = dict(inspect.signature(enqueue).parameters)
     assert ours.pop("using").default == "default"
-    assert list(ours) == list(core)
-    for name, parameter in core.items():
-        theirs = ours[name]
-        assert (theirs.kind, theirs.default, theirs.annotation) == (
-            parameter.kind,
-            parameter.default,
-            parameter.annotation,
-        ), name
+    assert ours.pop("settings").annotation == settings.annotation
+    assert [p.kind for p in ours.values()] == [inspect.Parameter.VAR_KEYWORD]
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
     with transaction.atomic():
         message = enqueue(type="otp", to="+12015550111", payload={"body": "1"}, send_at=later)

@@ -231,3 +231,54 @@ def test_flower_config_refuses_to_run_without_auth(tmp_path: Path) -> None:
     )
     assert result.returncode != 0
     assert "FLOWER_BASIC_AUTH" in result.stdout + result.stderr
+
+
+def test_flower_shows_each_message_of_a_batch_by_its_key(
+    flower: Flower, live: Engine, stub: Any
+) -> None:
+    """A backlog sent as ``delivery.deliver_batch`` tasks still shows in Flower one
+    ``delivery.deliver`` task per message under its key (events sent by the batch's worker):
+    sent ones as SUCCESS, a dead one as FAILURE naming its code (searchable), a retried one
+    with its retry counted; no recipient anywhere."""
+    CircuitBreaker("stub", BreakerConfig(), client=redis_client(REDIS_URL)).reset()
+    stub.set_faults(
+        rules={
+            DELIVERED: {"status": 201, "json": {"id": "msg_ok", "status": "accepted"}},
+            REJECTED: {"status": 400, "json": {"code": 21211, "message": "Invalid To"}},
+            FLAKY: {"status": 503, "body": "busy"},
+        }
+    )
+    keys = [f"flower-batch-{i}" for i in range(58)]
+    with Session(live) as session, session.begin():
+        specs = [dict(channel="sms", to=DELIVERED, payload={"body": "secret"}, key=k) for k in keys]
+        specs.append(dict(channel="sms", to=REJECTED, payload={"body": "x"}, key="fb-dead"))
+        specs.append(
+            dict(channel="sms", to=FLAKY, payload={"body": "x"}, key="fb-retry", max_attempts=2)
+        )
+        delivery.enqueue_many(session, specs)
+    assert drained(live, 60, timeout=60) == {"sent": 58, "dead": 2}
+
+    def settled() -> bool:
+        seen = tasks_by_id(flower.client)
+        states = {seen.get(k, {}).get("state") for k in keys}
+        dead = seen.get("fb-dead", {}).get("state")
+        return states == {"SUCCESS"} and dead == "FAILURE"
+
+    wait_until(settled, 30)
+    seen = tasks_by_id(flower.client)
+    batches = [t for t in seen.values() if t["name"] == "delivery.deliver_batch"]
+    assert batches, "the messages did not travel in batches"
+    for key in keys:
+        task = seen[key]
+        assert (task["name"], task["uuid"], task["result"]) == ("delivery.deliver", key, "sent")
+        assert key in task["args"]
+    assert DELIVERED not in str(seen) and DELIVERED[2:] not in str(seen)
+    assert "secret" not in str(seen)
+    dead = seen["fb-dead"]
+    assert "DeadLettered" in dead["exception"] and "21211" in dead["exception"]
+    found = flower.client.get("/api/tasks", params={"search": "21211"}).json()
+    assert "fb-dead" in found, found
+    one = flower.client.get("/api/tasks", params={"search": keys[7]}).json()
+    assert keys[7] in one, one
+    wait_until(lambda: tasks_by_id(flower.client).get("fb-retry", {}).get("state") == "FAILURE")
+    assert flower.client.get("/api/task/info/fb-retry").json()["retries"] == 1

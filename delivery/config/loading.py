@@ -18,7 +18,7 @@ TOML (every section optional; unknown keys are errors that name the key)::
 
     [delivery]          # max_attempts, max_payload_bytes, relay_interval, relay_batch,
                         # dispatch_lease, send_lease, hold_lease, sweep_interval,
-                        # max_countdown
+                        # max_countdown, batch_size, send_concurrency
     [backoff]           # base, cap (seconds)
     [timeouts]          # connect, write, read, pool (seconds), defaults for every provider
     [providers.NAME]    # kind = "http", base_url, api_key_env, [providers.NAME.timeouts],
@@ -81,6 +81,8 @@ _TUNING: dict[str, type] = {
     "hold_lease": float,
     "sweep_interval": float,
     "max_countdown": float,
+    "batch_size": int,
+    "send_concurrency": int,
 }
 
 

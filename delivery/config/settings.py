@@ -153,6 +153,11 @@ class Settings:
     hold_lease: float = 10.0  # a held message whose worker stopped renewing comes back then
     sweep_interval: float = 2.0
     max_countdown: float = 300.0
+    #: Messages per ``delivery.deliver_batch`` task when the relay has a backlog (1: every
+    #: message its own ``delivery.deliver`` task, the path before batches).
+    batch_size: int = 50
+    #: Sends in flight at once per worker process for a batch (its thread pool).
+    send_concurrency: int = 8
     home: str = DEFAULT_HOME
 
     def channel(self, name: str) -> ChannelConfig | None:

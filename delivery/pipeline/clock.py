@@ -5,17 +5,27 @@ one host and compared by another would then end early (a second send while the f
 flight) or late. ``db_now`` reads PostgreSQL's ``clock_timestamp()``, so every comparison and
 every lease or due time written by the pipeline uses the same clock. The embedded default
 (SQLite) is one host, whose clock is the database's.
+
+The hot path pays no round trip of its own for the clock: ``read_with_clock`` reads it in
+the same SELECT as the rows an attempt (or a batch) works on, and ``sql_now`` is the clock
+as an expression inside the UPDATE that writes it (``sent_at``). ``db_now`` is for the paths
+that need the value alone (the relay, a parked retry).
 """
 
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import Connection, func, select
+from sqlalchemy import Connection, Row, Select, func, select
+from sqlalchemy.sql.elements import ColumnElement
 
-from delivery.pipeline.models import utcnow
+from delivery.pipeline.models import UTCDateTime, utcnow
 
-__all__ = ["db_now"]
+__all__ = ["db_now", "read_with_clock", "sql_now"]
+
+_CLOCK = "db_clock_now"
 
 
 def db_now(conn: Connection) -> dt.datetime:
@@ -25,3 +35,25 @@ def db_now(conn: Connection) -> dt.datetime:
     value = conn.scalar(select(func.clock_timestamp()))
     assert isinstance(value, dt.datetime)
     return value.astimezone(dt.UTC)
+
+
+def sql_now(conn: Connection) -> ColumnElement[dt.datetime] | dt.datetime:
+    """The database's clock as a value to write in an UPDATE or INSERT: PostgreSQL's
+    ``clock_timestamp()`` evaluated by the statement itself (no round trip), this host's
+    time on SQLite."""
+    if conn.dialect.name != "postgresql":
+        return utcnow()
+    return func.clock_timestamp(type_=UTCDateTime())
+
+
+def read_with_clock(conn: Connection, stmt: Select[Any]) -> tuple[Sequence[Row[Any]], dt.datetime]:
+    """Run ``stmt`` and read the database's clock in the same round trip: its rows and the
+    time (``db_now``'s, read by a second query only when no row came back)."""
+    if conn.dialect.name != "postgresql":
+        return conn.execute(stmt).all(), utcnow()
+    rows = conn.execute(stmt.add_columns(func.clock_timestamp().label(_CLOCK))).all()
+    if not rows:
+        return rows, db_now(conn)
+    value = rows[0]._mapping[_CLOCK]
+    assert isinstance(value, dt.datetime)
+    return rows, value.astimezone(dt.UTC)

@@ -32,8 +32,9 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
+from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, or_, select, update
 
 from delivery.pipeline.clock import db_now
 from delivery.pipeline.models import messages_table, utcnow
@@ -48,6 +49,24 @@ class Renewed:
 
     dispatched: int
     sending: int
+
+
+def _unlocked(ids: list[int], now: dt.datetime, hold_lease: float) -> Any:
+    """The rows of ``ids`` whose lease needs this renewal and that no other transaction is
+    changing right now.
+
+    A lease renewed less than ``hold_lease / 3`` s ago is left as it is (a worker holding
+    hundreds of messages in batches does not rewrite them all whenever one more arrives); a
+    longer one (the relay's ``dispatch_lease``) is shortened. A row its worker is moving (a
+    batch taking or settling it, which writes the lease itself) is skipped, so a renewal never
+    waits for, or deadlocks with, the worker's own transitions; the next one catches it."""
+    m = messages_table.c
+    fresh = now + dt.timedelta(seconds=hold_lease * 2.0 / 3.0)
+    longer = now + dt.timedelta(seconds=hold_lease)
+    stale = or_(
+        m.lease_expires_at.is_(None), m.lease_expires_at < fresh, m.lease_expires_at > longer
+    )
+    return select(m.id).where(m.id.in_(ids), stale).with_for_update(skip_locked=True)
 
 
 def renew_held(
@@ -72,6 +91,7 @@ def renew_held(
         update(messages_table)
         .where(m.id.in_(held), m.status == Status.DISPATCHED.value)
         .where(m.next_attempt_at <= now)
+        .where(m.id.in_(_unlocked(held, now, hold_lease)))
         .values(lease_expires_at=until)
     ).rowcount
     newest = now - dt.timedelta(seconds=max(send_lease - hold_lease, 0.0))
@@ -79,6 +99,7 @@ def renew_held(
         update(messages_table)
         .where(m.id.in_(held), m.status == Status.SENDING.value)
         .where(m.updated_at > newest)  # updated_at: when this attempt took the row
+        .where(m.id.in_(_unlocked(held, now, hold_lease)))
         .values(lease_expires_at=until)
     ).rowcount
     return Renewed(dispatched, sending)
@@ -115,6 +136,7 @@ def renew_queued(
             .where(m.next_attempt_at <= m.updated_at)
             .order_by(m.updated_at.desc(), m.id.desc())
             .limit(depth)
+            .with_for_update(skip_locked=True)  # a row a worker is moving is not queued
         )
         renewed += conn.execute(
             update(messages_table)

@@ -12,7 +12,7 @@ import datetime as dt
 import logging
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Required, TypedDict
 
 from sqlalchemy import Engine, event, select
 from sqlalchemy.dialects import postgresql, sqlite
@@ -33,12 +33,34 @@ from delivery.pipeline.validation import (
 from delivery.providers.registry import adapter_for
 from delivery.runtime.current import get_settings
 
-__all__ = ["enqueue", "set_nudge"]
+__all__ = ["EnqueueArgs", "enqueue", "nudge_later", "row_values", "set_nudge"]
 
 log = logging.getLogger("delivery.outbox")
 Nudge = Callable[[Engine, list[int]], None]
 _NUDGE_KEY = "delivery.nudge"
 _nudge: Nudge | None = None
+
+
+class EnqueueArgs(TypedDict, total=False):
+    """The keyword arguments of one message, as ``enqueue`` takes them: one item of
+    ``enqueue_many``, and ``delivery.contrib.django.enqueue``'s own keywords (a test pins them
+    to ``enqueue``'s signature)."""
+
+    channel: str | None
+    to: Required[str]
+    payload: Required[dict[str, Any]]
+    key: str | None
+    provider: str | None
+    on_unknown: str | None
+    max_attempts: int | None
+    send_at: Any
+    type: str | None
+
+
+def nudge_later(session: Session, ids: list[int]) -> None:
+    """Have these new, due message ids published right after ``session`` commits."""
+    if ids:
+        session.info.setdefault(_NUDGE_KEY, []).extend(ids)
 
 
 def set_nudge(nudge: Nudge | None) -> None:
@@ -71,6 +93,50 @@ def enqueue(
     channel, provider, policy, attempts, priority and time-to-live are the defaults.
     """
     settings = settings or get_settings()
+    values = row_values(
+        settings,
+        channel=channel,
+        to=to,
+        payload=payload,
+        key=key,
+        provider=provider,
+        on_unknown=on_unknown,
+        max_attempts=max_attempts,
+        send_at=send_at,
+        type=type,
+    )
+    key, digest, due, now = (
+        values["key"],
+        values["payload_hash"],
+        values["next_attempt_at"],
+        values["created_at"],
+    )
+    message = _insert(session, values)
+    if message is None:
+        existing = session.scalars(select(Message).where(Message.key == key)).one()
+        if existing.payload_hash != digest:
+            raise IdempotencyConflict(key, existing.id)
+        return existing
+    if due <= now:
+        nudge_later(session, [message.id])
+    return message
+
+
+def row_values(
+    settings: Settings,
+    *,
+    channel: str | None = None,
+    to: str,
+    payload: dict[str, Any],
+    key: str | None = None,
+    provider: str | None = None,
+    on_unknown: str | None = None,
+    max_attempts: int | None = None,
+    send_at: Any = None,
+    type: str | None = None,
+) -> dict[str, Any]:
+    """Validate one message as ``enqueue`` does (``InvalidMessage`` naming the field) and
+    return its row: every column, the key minted if none was given."""
     kind = None
     if type is not None:
         kind = settings.types.get(type) if isinstance(type, str) else None
@@ -127,15 +193,7 @@ def enqueue(
         created_at=now,
         updated_at=now,
     )
-    message = _insert(session, values)
-    if message is None:
-        existing = session.scalars(select(Message).where(Message.key == key)).one()
-        if existing.payload_hash != digest:
-            raise IdempotencyConflict(key, existing.id)
-        return existing
-    if due <= now:
-        session.info.setdefault(_NUDGE_KEY, []).append(message.id)
-    return message
+    return values
 
 
 def _policy(

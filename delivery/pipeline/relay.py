@@ -48,7 +48,8 @@ class Claim(NamedTuple):
     attempts: int = 0
 
 
-Publisher = Callable[[Sequence[Claim]], None]
+#: Publishes claimed rows; what it returns is its own (``tasks.deliver.publish``: tasks per queue).
+Publisher = Callable[[Sequence[Claim]], object]
 
 
 def _due(

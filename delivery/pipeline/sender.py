@@ -18,10 +18,12 @@ answer to the task is a ``Result`` whose ``action`` is one of the closed set ``A
 (``delivery.pipeline.transitions``).
 
 Due times and leases are compared and written on the database's clock
-(``delivery.pipeline.clock``). A message whose provider is no longer configured ends ``dead``
-with ``PROVIDER_NOT_CONFIGURED`` without a call. A message flagged ``needs_lookup`` is looked
-up first only if its provider has a lookup (``supports_lookup``); otherwise it is sent again
-with the same key.
+(``delivery.pipeline.clock``), read in the same SELECT as the row (no round trip of its own).
+A batch of messages (``delivery.pipeline.batch``) goes through the same checks with the
+helpers below (``ROW``, ``circuit_open``, ``in_flight``). A message whose provider is no
+longer configured ends ``dead`` with ``PROVIDER_NOT_CONFIGURED`` without a call. A message
+flagged ``needs_lookup`` is looked up first only if its provider has a lookup
+(``supports_lookup``); otherwise it is sent again with the same key.
 """
 
 from __future__ import annotations
@@ -31,17 +33,17 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, select, update
+from sqlalchemy import Row, select
 
 from delivery.guards.breaker import Permit, Verdict
 from delivery.observability.events import Transition, emit
-from delivery.pipeline.clock import db_now
+from delivery.pipeline.clock import read_with_clock
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.settle import after_lookup, after_send
 from delivery.pipeline.status import Status
-from delivery.pipeline.transitions import Action, Result, Sending, move
+from delivery.pipeline.transitions import Action, Result, Sending, extend_lease, move
 from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
@@ -52,10 +54,13 @@ __all__ = [
     "EXPIRED",
     "PROVIDER_NOT_CONFIGURED",
     "RATE_LIMITED",
+    "ROW",
     "Action",
     "Result",
     "breaker_verdict",
+    "circuit_open",
     "deliver",
+    "in_flight",
 ]
 
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
@@ -85,15 +90,15 @@ _COLUMNS = (
 )
 
 #: What one attempt reads of its message, in one primary-key read.
-_ROW = select(*(messages_table.c[name] for name in _COLUMNS))
+ROW = select(*(messages_table.c[name] for name in _COLUMNS))
 
 
 def deliver(service: Service, message_id: int, key: str) -> Result:
     """Make one attempt at message ``message_id`` (if it is still ``key``'s and due) and
     say what its task does next (``Result.action``, one of ``Action``)."""
     with service.engine.connect() as conn:
-        row = conn.execute(_ROW.where(messages_table.c.id == message_id)).one_or_none()
-        now = db_now(conn)
+        rows, now = read_with_clock(conn, ROW.where(messages_table.c.id == message_id))
+    row = rows[0] if rows else None
     if row is None or row.key != key:
         return Result(Action.SKIP, reason="no such message")
     if row.status != Status.DISPATCHED:
@@ -116,7 +121,7 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
     breaker = service.breaker(row.provider)
     permit = breaker.allow()
     if not permit.allowed:
-        return _circuit_open(service, row, permit, now)
+        return circuit_open(service, row, permit, now)
 
     attempt = row.attempts + 1
     with service.engine.begin() as conn:
@@ -138,18 +143,7 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
 
     provider = service.provider(row.provider)
     envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
-    kind = service.settings.types.get(row.message_type or "")
-    msg = Sending(
-        row.id,
-        row.key,
-        row.provider,
-        attempt,
-        row.max_attempts,
-        UnknownPolicy(row.on_unknown),
-        kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
-        row.created_at,
-        getattr(provider, "in_progress_wait", None),
-    )
+    msg = in_flight(service, row, attempt)
     # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
     if row.needs_lookup and getattr(provider, "supports_lookup", True):
         started = time.perf_counter()
@@ -163,6 +157,22 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
     outcome = calls.send(provider, envelope)
     breaker.record(permit, breaker_verdict(outcome))
     return after_send(service, msg, outcome, started)
+
+
+def in_flight(service: Service, row: Row[Any], attempt: int) -> Sending:
+    """The frozen description of ``row`` taken for attempt number ``attempt``."""
+    kind = service.settings.types.get(row.message_type or "")
+    return Sending(
+        row.id,
+        row.key,
+        row.provider,
+        attempt,
+        row.max_attempts,
+        UnknownPolicy(row.on_unknown),
+        kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
+        row.created_at,
+        getattr(service.provider(row.provider), "in_progress_wait", None),
+    )
 
 
 def breaker_verdict(outcome: Outcome | LookupOutcome) -> Verdict:
@@ -247,26 +257,18 @@ def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime
     """Over the provider's rate: come back when a token is there (plus a little jitter so
     that waiting workers do not all return at once). The row stays ``dispatched``; only its
     lease is extended when the wait would outlast it."""
-    message_id, provider, lease = row.id, row.provider, row.lease_expires_at
+    provider, lease = row.provider, row.lease_expires_at
     delay = wait + service.rng.uniform(0.0, min(wait, 1.0))
     if lease is not None and lease < now + dt.timedelta(seconds=delay + 5.0):
+        until = now + dt.timedelta(seconds=delay + service.settings.hold_lease)
         with service.engine.begin() as conn:
-            conn.execute(
-                update(messages_table)
-                .where(
-                    messages_table.c.id == message_id,
-                    messages_table.c.status == Status.DISPATCHED.value,
-                )
-                .values(
-                    lease_expires_at=now + dt.timedelta(seconds=delay + service.settings.hold_lease)
-                )
-            )
+            extend_lease(conn, row.id, row.attempts, until)
     return Result(
         Action.RETRY, Status.DISPATCHED, delay, RATE_LIMITED, f"provider {provider!r} rate limit"
     )
 
 
-def _circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.datetime) -> Result:
+def circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.datetime) -> Result:
     """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
     without spending an attempt."""
     provider = row.provider

@@ -29,7 +29,7 @@ from sqlalchemy import Connection
 from delivery.observability.events import Transition, emit
 from delivery.pipeline import outcomes
 from delivery.pipeline.backoff import compute_backoff
-from delivery.pipeline.clock import db_now
+from delivery.pipeline.clock import db_now, sql_now
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
 from delivery.pipeline.transitions import (
@@ -107,13 +107,12 @@ def after_send(service: Service, msg: Sending, outcome: outcomes.Outcome, starte
 
 
 def _sent(conn: Connection, msg: Sending, ref: str | None, outcome: str) -> Result:
-    now = db_now(conn)
     if finish(
         conn,
         msg,
         Status.SENT,
         provider_ref=ref,
-        sent_at=now,
+        sent_at=sql_now(conn),  # the database's clock, inside the UPDATE
         lease_expires_at=None,
         needs_lookup=False,
         last_error_code=None,

@@ -9,7 +9,7 @@ only once the outermost transaction has committed, and never after a rollback.
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Unpack
 
 from django.db import DEFAULT_DB_ALIAS, transaction
 
@@ -18,6 +18,7 @@ from delivery.contrib.django.connection import borrowed_session
 from delivery.contrib.nudge import installed, nudge_after_commit
 from delivery.pipeline import outbox
 from delivery.pipeline.models import Message
+from delivery.pipeline.outbox import EnqueueArgs
 from delivery.pipeline.status import Status
 
 __all__ = ["enqueue"]
@@ -25,44 +26,24 @@ __all__ = ["enqueue"]
 
 def enqueue(
     *,
-    channel: str | None = None,
-    to: str,
-    payload: dict[str, Any],
-    key: str | None = None,
-    provider: str | None = None,
-    on_unknown: str | None = None,
-    max_attempts: int | None = None,
-    send_at: Any = None,
-    type: str | None = None,
     settings: Settings | None = None,
     using: str = DEFAULT_DB_ALIAS,
+    **message: Unpack[EnqueueArgs],
 ) -> Message:
     """Write one message in Django's current transaction on ``using`` and return it.
 
-    The keyword arguments are exactly ``delivery.enqueue``'s (``type=`` included; a test
-    compares the two signatures) plus ``using``, and so are the errors (``InvalidMessage``
-    naming the field, ``IdempotencyConflict``) and the same-key-same-payload rule; the returned
-    ``delivery.Message`` is detached (the Django model is
-    ``delivery.contrib.django.models.Message``). Never commits.
+    The keyword arguments are ``delivery.enqueue``'s (``delivery.EnqueueArgs``, the one list
+    both share; ``type=`` included) plus ``settings`` and ``using``, and so are the errors
+    (``InvalidMessage`` naming the field, ``IdempotencyConflict``) and the
+    same-key-same-payload rule; the returned ``delivery.Message`` is detached (the Django
+    model is ``delivery.contrib.django.models.Message``). Never commits.
     """
     with transaction.atomic(using=using), borrowed_session(using) as session:
-        message = outbox.enqueue(
-            session,
-            channel=channel,
-            to=to,
-            payload=payload,
-            key=key,
-            provider=provider,
-            on_unknown=on_unknown,
-            max_attempts=max_attempts,
-            send_at=send_at,
-            type=type,
-            settings=settings,
-        )
-        if message.status == Status.PENDING.value and installed():
+        message_row = outbox.enqueue(session, settings=settings, **message)
+        if message_row.status == Status.PENDING.value and installed():
             # The nudge claims only rows that are pending and due, so nudging a message that
             # already existed, or one scheduled for later, is a no-op.
             transaction.on_commit(
-                functools.partial(nudge_after_commit, [message.id]), using=using, robust=True
+                functools.partial(nudge_after_commit, [message_row.id]), using=using, robust=True
             )
-    return message
+    return message_row

@@ -28,7 +28,9 @@ Fault knobs (all off by default; ``PUT /_stub/faults`` merges a partial dict, to
 * ``rules``: ``{recipient: {"status": int, "json": value}}`` or ``{recipient: {"status": int,
   "body": "text", "content_type": "..."}}``. Such a recipient always gets that answer, before
   any other fault; a non-2xx rule records no effect, a 2xx rule records one (and lookup then
-  returns the usual message shape). Setting ``rules`` replaces the whole map.
+  returns the usual message shape); ``"drop": true`` on a 2xx rule takes effect and closes
+  the connection unanswered (a lost answer for that recipient only; a repeat of the key gets
+  the stored answer). Setting ``rules`` replaces the whole map.
 * ``dedupe`` (default true): when false every POST is a new effect, but keys are still
   remembered for lookup.
 

@@ -58,6 +58,8 @@ class Rule(NamedTuple):
     status: int
     body: bytes
     content_type: str
+    drop: bool = False
+    """A 2xx rule only: take effect, then close the connection without answering."""
 
 
 class Answer(NamedTuple):
@@ -92,12 +94,15 @@ def compile_rules(field: str, value: object) -> dict[str, Rule]:
             raise ValueError(f"{where}: recipient must be a string")
         if not isinstance(rule, Mapping):
             raise ValueError(f"{where}: rule must be an object")
-        unknown = sorted(set(rule) - {"status", "json", "body", "content_type"})
+        unknown = sorted(set(rule) - {"status", "json", "body", "content_type", "drop"})
         if unknown:
             raise ValueError(f"{where}: unknown rule field {unknown[0]!r}")
         status = rule.get("status")
         if not is_int(status) or not 100 <= cast(int, status) <= 599:
             raise ValueError(f"{where}.status: must be an integer 100..599")
+        drop = rule.get("drop", False)
+        if not isinstance(drop, bool) or (drop and not 200 <= cast(int, status) < 300):
+            raise ValueError(f"{where}.drop: must be true or false, and only on a 2xx rule")
         if "json" in rule and "body" in rule:
             raise ValueError(f"{where}: give either 'json' or 'body', not both")
         content_type = rule.get("content_type")
@@ -108,12 +113,12 @@ def compile_rules(field: str, value: object) -> dict[str, Rule]:
                 body = dumps(rule["json"])
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{where}.json: not JSON-serialisable ({exc})") from None
-            compiled[recipient] = Rule(cast(int, status), body, content_type or JSON)
+            compiled[recipient] = Rule(cast(int, status), body, content_type or JSON, drop)
         else:
             text = rule.get("body", "")
             if not isinstance(text, str):
                 raise ValueError(f"{where}.body: must be a string")
-            compiled[recipient] = Rule(cast(int, status), text.encode(), content_type or TEXT)
+            compiled[recipient] = Rule(cast(int, status), text.encode(), content_type or TEXT, drop)
     return compiled
 
 

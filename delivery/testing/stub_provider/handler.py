@@ -279,7 +279,7 @@ class Handler(BaseHTTPRequestHandler):
             if faults["dedupe"]:
                 state.stored[key] = Stored(digest, *answer[:3])
         drop_rate: float = faults["drop_rate"]
-        if drop_rate and state.rng.random() < drop_rate:
+        if (rule is not None and rule.drop) or (drop_rate and state.rng.random() < drop_rate):
             return answer, "dropped"
         return answer, "effect"
 

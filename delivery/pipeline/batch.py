@@ -1,0 +1,263 @@
+"""Many messages in one worker task: the path a backlog takes (issue 13).
+
+``deliver_many`` makes one attempt at each message of a batch (``(id, key)`` pairs, what a
+``delivery.deliver_batch`` task carries) with the guarantees of ``sender.deliver`` and a
+fraction of its commits:
+
+1. One SELECT reads every row of the batch and the database's clock.
+2. Each row goes through the single path's checks. A row that is not plainly ready (not
+   ``dispatched``, not ours, not due, expired, its provider gone, to be looked up first, or
+   of a provider with a rate limit) is handed whole to ``sender.deliver`` and its answer
+   used as is; the breaker is asked for each of the others, and a row it refuses is parked
+   as the single path parks it (``CIRCUIT_OPEN``, no attempt spent).
+3. One fenced UPDATE (``transitions.take_many``) takes the rest to ``sending`` and commits
+   *before* any request leaves (G2); a row whose fence moved meanwhile is skipped.
+4. The sends run on this process's small thread pool (``send_concurrency`` in flight), each
+   recorded in its provider's breaker.
+5. One transaction writes every delivered message's attempt row (one multi-row INSERT) and
+   its ``sent`` (one UPDATE, fenced per row); every other outcome goes through
+   ``settle.after_send`` as on the single path.
+
+A batch that fails midway leaves each message where the single path would: ``dispatched``
+(not yet taken: a redelivered task takes it again) or ``sending`` (taken: its worker stops
+renewing the lease, and the sweeper hands it to its ``on_unknown`` policy ``hold_lease``
+seconds later). Nothing is lost; a second effect is only the provider's to dedupe, as on the
+single path.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, TypeVar
+
+from sqlalchemy import Row
+
+from delivery.guards.breaker import Permit
+from delivery.observability.events import Transition, emit
+from delivery.pipeline import outcomes
+from delivery.pipeline.clock import read_with_clock, sql_now
+from delivery.pipeline.models import messages_table
+from delivery.pipeline.sender import ROW, breaker_verdict, circuit_open, deliver, in_flight
+from delivery.pipeline.settle import after_send
+from delivery.pipeline.status import Status
+from delivery.pipeline.transitions import (
+    Action,
+    Result,
+    Sending,
+    Take,
+    attempt_row,
+    finish_sent_many,
+    log_attempts,
+    take_many,
+)
+from delivery.providers import calls
+from delivery.providers.base import Envelope
+from delivery.runtime.service import Service
+
+__all__ = ["deliver_many", "send_pool"]
+
+_T = TypeVar("_T")
+_SKIP_TAKEN = Result(Action.SKIP, reason="taken by another worker")
+_CHANGED = Result(Action.SKIP, reason="row changed while sending")
+_REPEATED = Result(Action.SKIP, reason="repeated in its batch")
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """A row the breaker let through, waiting to be taken."""
+
+    row: Row[Any]
+    permit: Permit
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    """One send of the batch: the message, its outcome and how long the call took (ms)."""
+
+    msg: Sending
+    outcome: outcomes.Outcome
+    latency: float
+
+
+_pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def send_pool(size: int) -> ThreadPoolExecutor:
+    """This process's pool of send threads (``size`` of them; made again after a fork)."""
+    global _pool, _pool_pid
+    with _pool_lock:
+        if _pool is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max(size, 1), thread_name_prefix="delivery-send")
+            _pool_pid = os.getpid()
+        return _pool
+
+
+def _run_all(service: Service, calls_: Sequence[Callable[[], _T]]) -> list[_T]:
+    """Run ``calls_`` on the send pool (inline when there is only one) and return their
+    results in order; an exception in one call is raised once all have finished."""
+    if len(calls_) <= 1 or service.settings.send_concurrency <= 1:
+        return [call() for call in calls_]
+    pool = send_pool(service.settings.send_concurrency)
+    futures: list[Future[_T]] = [pool.submit(call) for call in calls_]
+    return [future.result() for future in futures]
+
+
+def _ready(service: Service, row: Row[Any], now: dt.datetime) -> bool:
+    """True when ``row`` can be taken as it is, with no check of the single path left."""
+    if row.status != Status.DISPATCHED or row.needs_lookup:
+        return False
+    if row.provider not in service.settings.providers:
+        return False
+    if row.next_attempt_at > now:
+        return False
+    if row.expires_at is not None and now >= row.expires_at:
+        return False
+    return service.limiter(row.provider) is None
+
+
+def deliver_many(
+    service: Service,
+    pairs: Sequence[tuple[int, str]],
+    *,
+    on_read: Callable[[Mapping[int, int]], object] | None = None,
+) -> list[Result]:
+    """One attempt at each message of ``pairs`` (id, key); the ``Result`` of each, in order
+    (a pair repeated in the batch is skipped the second time). ``on_read`` is called with
+    each found message's attempt count once the rows are read, before anything is sent."""
+    with service.engine.connect() as conn:
+        ids = sorted({message_id for message_id, _ in pairs})
+        rows, now = read_with_clock(conn, ROW.where(messages_table.c.id.in_(ids)))
+    by_id = {row.id: row for row in rows}
+    if on_read is not None:
+        on_read({row.id: row.attempts for row in rows})
+    results: dict[int, Result] = {}
+    single: list[tuple[int, str]] = []
+    ready: list[_Ready] = []
+    seen: set[int] = set()
+    candidates: list[Row[Any]] = []
+    for message_id, key in pairs:
+        if message_id in seen:
+            continue
+        seen.add(message_id)
+        row = by_id.get(message_id)
+        if row is None or row.key != key or not _ready(service, row, now):
+            single.append((message_id, key))
+        else:
+            candidates.append(row)
+    # One breaker round trip per message, asked on the send pool rather than one after another.
+    asks = [_allow_call(service, row.provider) for row in candidates]
+    for row, permit in zip(candidates, _run_all(service, asks), strict=True):
+        if not permit.allowed:
+            results[row.id] = circuit_open(service, row, permit, now)
+        else:
+            ready.append(_Ready(row, permit))
+
+    sends = _take(service, ready, now, results)
+    jobs: list[Callable[[], Any]] = [_send_call(service, s) for s in sends]
+    jobs += [_single_call(service, message_id, key) for message_id, key in single]
+    answers = _run_all(service, jobs)
+    sent: list[_Sent] = answers[: len(sends)]
+    for (message_id, _), result in zip(single, answers[len(sends) :], strict=True):
+        results[message_id] = result
+    results.update(_settle(service, sent))
+    answered: set[int] = set()
+    out: list[Result] = []
+    for message_id, _ in pairs:
+        out.append(_REPEATED if message_id in answered else results[message_id])
+        answered.add(message_id)
+    return out
+
+
+def _take(
+    service: Service, ready: Sequence[_Ready], now: dt.datetime, results: dict[int, Result]
+) -> list[tuple[Sending, Envelope, _Ready]]:
+    """Take the ready rows to ``sending`` in one committed UPDATE; what to send."""
+    if not ready:
+        return []
+    lease = now + dt.timedelta(seconds=service.settings.hold_lease)
+    with service.engine.begin() as conn:
+        taken = take_many(
+            conn, [Take(r.row.id, r.row.attempts) for r in ready], lease_until=lease, now=now
+        )
+    sends: list[tuple[Sending, Envelope, _Ready]] = []
+    for r in ready:
+        row = r.row
+        if row.id not in taken:
+            service.breaker(row.provider).release(r.permit)
+            results[row.id] = _SKIP_TAKEN
+            continue
+        attempt = row.attempts + 1
+        emit(Transition(row.id, row.key, row.provider, Status.DISPATCHED, Status.SENDING, attempt))
+        envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
+        sends.append((in_flight(service, row, attempt), envelope, r))
+    return sends
+
+
+def _send_call(service: Service, send: tuple[Sending, Envelope, _Ready]) -> Callable[[], _Sent]:
+    msg, envelope, ready = send
+
+    def call() -> _Sent:
+        started = time.perf_counter()
+        outcome = calls.send(service.provider(msg.provider), envelope)
+        latency = (time.perf_counter() - started) * 1000.0
+        service.breaker(msg.provider).record(ready.permit, breaker_verdict(outcome))
+        return _Sent(msg, outcome, latency)
+
+    return call
+
+
+def _allow_call(service: Service, provider: str) -> Callable[[], Permit]:
+    return lambda: service.breaker(provider).allow()
+
+
+def _single_call(service: Service, message_id: int, key: str) -> Callable[[], Result]:
+    return lambda: deliver(service, message_id, key)
+
+
+def _settle(service: Service, sent: Sequence[_Sent]) -> dict[int, Result]:
+    """Delivered messages: attempt rows and ``sent`` in one transaction; the others one by
+    one through ``settle.after_send``."""
+    results: dict[int, Result] = {}
+    delivered = [s for s in sent if isinstance(s.outcome, outcomes.Delivered)]
+    if delivered:
+        with service.engine.begin() as conn:
+            log_attempts(
+                conn, [attempt_row(s.msg, "send", s.outcome, s.latency) for s in delivered]
+            )
+            moved = finish_sent_many(
+                conn,
+                [(s.msg, getattr(s.outcome, "provider_ref", None)) for s in delivered],
+                sql_now(conn),
+            )
+        for s in delivered:
+            msg = s.msg
+            if msg.id not in moved:
+                results[msg.id] = _CHANGED
+                continue
+            emit(
+                Transition(
+                    msg.id,
+                    msg.key,
+                    msg.provider,
+                    Status.SENDING,
+                    Status.SENT,
+                    msg.attempt,
+                    "delivered",
+                    enqueued_at=msg.enqueued_at,
+                )
+            )
+            results[msg.id] = Result(Action.DONE, Status.SENT)
+    for s in sent:
+        if not isinstance(s.outcome, outcomes.Delivered):
+            # after_send measures from ``started``: the call's own time, not the batch's.
+            started = time.perf_counter() - s.latency / 1000.0
+            results[s.msg.id] = after_send(service, s.msg, s.outcome, started)
+    return results

@@ -1,0 +1,202 @@
+"""The batch path (issue 13): ``delivery.deliver_batch`` over real PostgreSQL, Redis, worker,
+beat and the stub provider over HTTP; ``deliver_many``'s fences in process; how the relay
+splits a backlog into tasks; the lease keeper holding every message of a batch.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from celery.worker import state
+from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.orm import Session
+
+import delivery
+import tasks  # noqa: F401  (installs the post-commit nudge in this process)
+from delivery.pipeline.batch import deliver_many
+from delivery.pipeline.models import attempts_table, messages_table, utcnow
+from delivery.pipeline.relay import Claim
+from delivery.pipeline.transitions import Action
+from delivery.runtime.current import get_settings
+from delivery.runtime.service import Service
+from tasks.deliver import batches
+from tasks.leases import held_ids
+from tests.conftest import RUN_DIR, drained
+from tests.factories import message_values
+
+OK, DEAD, FLAKY, LOST, LOST_GIVE_UP = (
+    "+12015550301",
+    "+12015550302",
+    "+12015550303",
+    "+12015550304",
+    "+12015550305",
+)
+
+
+def _claims(n: int, priority: str = "normal") -> list[Claim]:
+    return [Claim(i, f"k{i}", priority) for i in range(n)]
+
+
+def test_a_backlog_is_split_evenly_per_queue_and_a_few_messages_travel_alone() -> None:
+    """120 messages at batch size 50 are three tasks of 40; fewer than 50 in a queue, or
+    batch size 1, are a task per message; each queue is split on its own."""
+    assert [len(c) for c in batches(_claims(120), 50)] == [40, 40, 40]
+    assert [len(c) for c in batches(_claims(50), 50)] == [50]
+    assert [len(c) for c in batches(_claims(49), 50)] == [1] * 49
+    assert [len(c) for c in batches(_claims(1), 50)] == [1]
+    assert [len(c) for c in batches(_claims(3), 1)] == [1, 1, 1]
+    mixed = [*_claims(60), Claim(99, "u", "urgent")]
+    split = batches(mixed, 50)
+    assert sorted(len(c) for c in split) == [1, 30, 30]
+    assert [c[0].key for c in split if len(c) == 1] == ["u"]
+    assert sorted(c.id for chunk in batches(_claims(101), 50) for c in chunk) == list(range(101))
+
+
+class _Request:
+    """What the keeper reads of a Celery request: its task name and arguments."""
+
+    def __init__(self, name: str, args: tuple[Any, ...]) -> None:
+        self.name, self.args = name, args
+
+
+@pytest.fixture
+def held() -> Iterator[list[Any]]:
+    """Requests put into the worker's state as if it had reserved them (removed after)."""
+    added: list[Any] = []
+    yield added
+    for request in added:
+        state.reserved_requests.discard(request)
+
+
+def test_the_lease_keeper_holds_every_message_of_a_batch(held: list[Any]) -> None:
+    """A reserved ``delivery.deliver_batch`` request holds all the ids it carries, next to a
+    single ``delivery.deliver``; other tasks hold nothing."""
+    requests = [
+        _Request("delivery.deliver_batch", ([[11, "a"], [12, "b"]],)),
+        _Request("delivery.deliver", (13, "c")),
+        _Request("other", ([[14, "d"]],)),
+    ]
+    for request in requests:
+        state.reserved_requests.add(request)
+        held.append(request)
+    assert {11, 12, 13} <= held_ids()
+    assert 14 not in held_ids()
+
+
+def _dispatched(engine: Engine, specs: list[dict[str, Any]]) -> list[tuple[int, str]]:
+    now = utcnow()
+    rows = [
+        message_values(
+            spec.pop("key"),
+            "dispatched",
+            lease_expires_at=now + dt.timedelta(hours=1),
+            next_attempt_at=now - dt.timedelta(seconds=1),
+            **spec,
+        )
+        for spec in specs
+    ]
+    with engine.begin() as conn:
+        found = conn.execute(
+            insert(messages_table).returning(messages_table.c.id, messages_table.c.key), rows
+        ).all()
+    return [(row.id, row.key) for row in found]
+
+
+@pytest.mark.integration
+def test_deliver_many_takes_only_rows_still_where_it_saw_them(clean: Engine, stub: Any) -> None:
+    """In one batch: ready rows are sent with one attempt row each; a row that is not
+    dispatched, a wrong key and a repeated pair are skipped; nothing else is sent."""
+    stub.reset()
+    pairs = _dispatched(
+        clean,
+        [
+            {"key": "many-0", "recipient": OK},
+            {"key": "many-1", "recipient": OK},
+            {"key": "many-settled", "recipient": OK},
+        ],
+    )
+    with clean.begin() as conn:  # another worker got there first
+        conn.execute(
+            update(messages_table)
+            .where(messages_table.c.key == "many-settled")
+            .values(status="sent", attempts=1)
+        )
+    service = Service.from_settings(get_settings())
+    try:
+        asked = [*pairs, (pairs[0][0], "not-its-key"), pairs[1]]
+        seen: dict[int, int] = {}
+        results = deliver_many(service, asked, on_read=seen.update)
+    finally:
+        service.close()
+    assert [r.action for r in results] == [
+        Action.DONE,
+        Action.DONE,
+        Action.SKIP,
+        Action.SKIP,
+        Action.SKIP,
+    ]
+    assert seen == {pairs[0][0]: 0, pairs[1][0]: 0, pairs[2][0]: 1}
+    assert stub.effects() == {"many-0": 1, "many-1": 1}
+    with clean.connect() as conn:
+        statuses = dict(conn.execute(select(messages_table.c.key, messages_table.c.status)).all())
+        attempts = conn.execute(select(attempts_table.c.message_id)).scalars().all()
+    assert statuses == {"many-0": "sent", "many-1": "sent", "many-settled": "sent"}
+    assert sorted(attempts) == sorted([pairs[0][0], pairs[1][0]])
+
+
+@pytest.mark.integration
+def test_one_batch_with_every_outcome_ends_each_message_as_the_single_path_would(
+    live: Engine, stub: Any
+) -> None:
+    """One commit of 64 messages goes out as batches; in them: sent, a 400 that ends dead, a
+    503 retried until its attempts are spent, a lost answer retried with the same key (sent,
+    one effect) and a lost answer whose policy gives up (unknown)."""
+    stub.set_faults(
+        rules={
+            DEAD: {"status": 400, "json": {"code": 21211, "message": "Invalid To"}},
+            FLAKY: {"status": 503, "body": "busy"},
+            LOST: {"status": 201, "json": {"id": "msg_lost"}, "drop": True},
+            LOST_GIVE_UP: {"status": 201, "json": {"id": "msg_gone"}, "drop": True},
+        }
+    )
+    with Session(live) as session, session.begin():
+        for i in range(60):
+            delivery.enqueue(session, channel="sms", to=OK, payload={"body": "x"}, key=f"mix-{i}")
+        delivery.enqueue(session, channel="sms", to=DEAD, payload={"body": "x"}, key="mix-dead")
+        delivery.enqueue(
+            session, channel="sms", to=FLAKY, payload={"body": "x"}, key="mix-503", max_attempts=3
+        )
+        delivery.enqueue(session, channel="sms", to=LOST, payload={"body": "x"}, key="mix-lost")
+        delivery.enqueue(
+            session,
+            channel="sms",
+            to=LOST_GIVE_UP,
+            payload={"body": "x"},
+            key="mix-gone",
+            on_unknown="give_up",
+        )
+    assert drained(live, 64, timeout=90) == {"sent": 61, "dead": 2, "unknown": 1}
+    with live.connect() as conn:
+        rows = conn.execute(
+            select(
+                messages_table.c.key,
+                messages_table.c.status,
+                messages_table.c.attempts,
+                messages_table.c.last_error_code,
+            )
+        ).all()
+    by_key = {row.key: row for row in rows}
+    assert by_key["mix-dead"].status == "dead" and by_key["mix-dead"].last_error_code == "21211"
+    assert (by_key["mix-503"].status, by_key["mix-503"].attempts) == ("dead", 3)
+    assert (by_key["mix-lost"].status, by_key["mix-lost"].attempts) == ("sent", 2)
+    assert by_key["mix-gone"].status == "unknown"
+    effects = stub.effects()
+    assert all(effects[f"mix-{i}"] == 1 for i in range(60))
+    assert effects["mix-lost"] == 1 and effects["mix-gone"] == 1
+    assert "mix-dead" not in effects and "mix-503" not in effects
+    log = (RUN_DIR / "worker.log").read_text(errors="replace")
+    assert "delivery.deliver_batch" in log, "the commit did not go out as a batch"
+    assert OK not in log and "+1201555030" not in log  # no recipient in the worker's log (G6)

@@ -1,0 +1,155 @@
+"""``enqueue_many`` on real PostgreSQL (and the embedded SQLite): one INSERT per chunk, read
+lazily from its iterable, ``enqueue``'s validation and idempotency, nothing written on error.
+
+Every message is due an hour from now, so a live relay of the suite never publishes them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, event, func, select
+from sqlalchemy.orm import Session
+
+import delivery
+from delivery.pipeline import bulk
+from delivery.pipeline.models import Message
+
+LATER = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+
+
+def spec(i: int, **extra: Any) -> dict[str, Any]:
+    return {
+        "channel": "sms",
+        "to": f"+1201555{i % 10000:04d}",
+        "payload": {"body": f"campaign {i}"},
+        "key": f"bulk-{i}",
+        "send_at": LATER,
+        **extra,
+    }
+
+
+class Inserts:
+    """Counts the INSERT statements an engine runs."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.count = 0
+        self.engine = engine
+        event.listen(engine, "before_cursor_execute", self._seen)
+
+    def _seen(self, conn: Any, cursor: Any, statement: str, *args: Any) -> None:
+        if statement.lstrip().upper().startswith("INSERT INTO DELIVERY_MESSAGES"):
+            self.count += 1
+
+    def close(self) -> None:
+        event.remove(self.engine, "before_cursor_execute", self._seen)
+
+
+@pytest.fixture
+def inserts(clean: Engine) -> Iterator[Inserts]:
+    counter = Inserts(clean)
+    yield counter
+    counter.close()
+
+
+def _count(engine: Engine) -> int:
+    with Session(engine) as session:
+        return int(session.scalar(select(func.count()).select_from(Message)) or 0)
+
+
+@pytest.mark.integration
+def test_one_insert_per_chunk_read_lazily(clean: Engine, inserts: Inserts) -> None:
+    """2,500 messages are three INSERT statements, and the iterable is read one chunk ahead
+    of the writes at most (never whole)."""
+    pulled: list[int] = []
+    at_first_insert: list[int] = []
+
+    def messages() -> Iterator[dict[str, Any]]:
+        for i in range(2500):
+            if inserts.count and not at_first_insert:
+                at_first_insert.append(len(pulled))
+            pulled.append(i)
+            yield spec(i)
+
+    with Session(clean) as session, session.begin():
+        done = delivery.enqueue_many(session, messages())
+    assert done == delivery.Enqueued(created=2500, existing=0)
+    assert inserts.count == 3
+    assert at_first_insert and at_first_insert[0] <= bulk.CHUNK + 1
+    assert _count(clean) == 2500
+
+
+@pytest.mark.integration
+def test_same_key_same_payload_is_the_existing_message(clean: Engine) -> None:
+    """A key already enqueued with the same payload, or repeated in the input, is not written
+    again: counted as existing."""
+    with Session(clean) as session, session.begin():
+        delivery.enqueue(session, **spec(0))
+    with Session(clean) as session, session.begin():
+        done = delivery.enqueue_many(session, [spec(0), spec(1), spec(1)])
+    assert done == delivery.Enqueued(created=1, existing=2)
+    assert _count(clean) == 2
+
+
+@pytest.mark.integration
+def test_a_conflict_names_the_key_and_writes_nothing(clean: Engine) -> None:
+    """A key bound to another payload (already stored, or twice in the input, even in a later
+    chunk) raises IdempotencyConflict naming it; nothing of the call is written and the
+    caller's transaction goes on."""
+    with Session(clean) as session, session.begin():
+        delivery.enqueue(session, **spec(0))
+    late = bulk.CHUNK + 5
+    cases = [
+        [spec(1), spec(0, payload={"body": "other"})],
+        [spec(i) for i in range(1, late)] + [spec(3, payload={"body": "changed"})],
+    ]
+    for messages in cases:
+        with Session(clean) as session, session.begin():
+            with pytest.raises(delivery.IdempotencyConflict) as raised:
+                delivery.enqueue_many(session, messages)
+            assert raised.value.key in ("bulk-0", "bulk-3")
+            delivery.enqueue(session, **spec(9999))  # the transaction is still usable
+        assert _count(clean) == 2
+        with Session(clean) as session, session.begin():
+            session.execute(Message.__table__.delete().where(Message.key == "bulk-9999"))
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("bad", "field"),
+    [
+        ({"to": "not-a-number"}, "messages[1200].to"),
+        ({"channel": "pigeon"}, "messages[1200].channel"),
+        ({"max_attempts": 0}, "messages[1200].max_attempts"),
+        ({"colour": "red"}, "messages[1200].colour"),
+    ],
+)
+def test_bad_input_names_the_message_and_field_and_writes_nothing(
+    clean: Engine, bad: dict[str, Any], field: str
+) -> None:
+    """A bad message after a whole chunk was written raises InvalidMessage naming its place
+    and field; the chunk already written is rolled back with it."""
+    messages = [spec(i) for i in range(1300)]
+    messages[1200] = {**messages[1200], **bad}
+    with (
+        Session(clean) as session,
+        session.begin(),
+        pytest.raises(delivery.InvalidMessage) as raised,
+    ):
+        delivery.enqueue_many(session, messages)
+    assert raised.value.field == field
+    assert _count(clean) == 0
+
+
+def test_enqueue_many_on_the_embedded_sqlite_outbox(session: Session) -> None:
+    """The embedded default takes enqueue_many too, with the same conflict rule."""
+    done = delivery.enqueue_many(session, [spec(i) for i in range(1500)])
+    session.commit()
+    assert done.created == 1500
+    with pytest.raises(delivery.IdempotencyConflict):
+        delivery.enqueue_many(session, [spec(1, payload={"body": "other"})])
+    session.rollback()
+    assert session.scalar(select(func.count()).select_from(Message)) == 1500
