@@ -10,7 +10,7 @@
 - ``pending`` or ``dispatched`` past its time-to-live (``expires_at``): ``expired``, never sent
   late.
 
-Every change goes through the conditional UPDATEs of ``delivery.pipeline.transitions``
+Every change goes through the conditional UPDATEs of ``delivery.pipeline.lifeline``
 (``move_all`` for a batch, ``move_lost`` for one send): the expected status (and, for a send, the
 attempt count) is the fence, so a row a worker settles meanwhile is never moved.
 """
@@ -24,10 +24,10 @@ from sqlalchemy import Engine, select
 
 from delivery.observability.events import Transition, emit
 from delivery.pipeline.clock import db_now
+from delivery.pipeline.lifeline import LEASE_EXPIRED, log_lost, move_all, move_lost
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
-from delivery.pipeline.transitions import LEASE_EXPIRED, log_lost, move_all, move_lost
 
 __all__ = ["LEASE_EXPIRED", "SweepReport", "sweep"]
 

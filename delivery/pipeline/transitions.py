@@ -4,14 +4,11 @@ and the conditional UPDATEs every transition of an attempt goes through.
 - ``Action`` and ``Result``: the closed answer of one attempt to its task (``sender.deliver``).
 - ``Sending``: the frozen description of the message in flight (this attempt's number, its
   policy and backoff); ``Failure``: why an attempt did not end it, and what to log.
-- ``move``: the one conditional UPDATE of a row (status *and* attempt count as seen), and
-  ``move_lost`` the same for a ``sending`` row whose lease passed (the sweeper's); ``finish``
-  moves this attempt's ``sending`` row; ``park`` puts it back to wait; ``log_attempt`` writes the
-  attempt's row, ``log_lost`` the row of an attempt whose worker was lost.
-- ``move_all``: the conditional UPDATE of a batch (the sweeper's expired leases and
-  time-to-lives): every row in the expected status that matches, the status as its fence.
-  A new path (a batch, a lease renewal) gets a primitive of the same kind here, not an
-  inline UPDATE.
+- ``move``: the one conditional UPDATE of a row (status *and* attempt count as seen;
+  ``move_where`` adds a further condition, e.g. the sweeper's "its lease has passed":
+  ``delivery.pipeline.lifeline``); ``finish`` moves this attempt's ``sending`` row; ``park``
+  puts it back to wait; ``log_attempt`` writes the attempt's row. A new path (a batch, a
+  lease renewal) gets a primitive of the same kind, not an inline UPDATE.
 - The batch path's primitives, each one statement for a whole batch and each fenced per row
   like ``move``: ``take_many`` (``dispatched`` -> ``sending``, each row only at the attempt
   count its reader saw), ``finish_sent_many`` (this attempt's ``sending`` -> ``sent``) and
@@ -34,7 +31,6 @@ from sqlalchemy import (
     ColumnElement,
     Connection,
     Integer,
-    Row,
     String,
     any_,
     bindparam,
@@ -53,8 +49,6 @@ from delivery.pipeline.status import Status
 
 __all__ = [
     "IN_PROGRESS",
-    "LEASE_EXPIRED",
-    "MOVED",
     "Action",
     "Failure",
     "Result",
@@ -67,19 +61,14 @@ __all__ = [
     "in_progress",
     "log_attempt",
     "log_attempts",
-    "log_lost",
     "move",
-    "move_all",
-    "move_lost",
+    "move_where",
     "park",
     "take_many",
 ]
 
 IN_PROGRESS = "IDEMPOTENCY_IN_PROGRESS"
 """The code of a provider saying our own earlier attempt with this key is still running."""
-
-LEASE_EXPIRED = "LEASE_EXPIRED"
-"""The code of an attempt whose worker was lost: its lease passed during the send."""
 
 
 class Action(enum.StrEnum):
@@ -315,34 +304,19 @@ def move(
 ) -> bool:
     """The one conditional UPDATE of a worker: ``expected`` -> ``to``, only while the row is
     where this worker saw it (status and attempt count). False: someone else moved it."""
-    return _move(conn, (message_id, seen_attempts, expected), to, None, values)
+    return move_where(conn, (message_id, seen_attempts, expected), to, None, values)
 
 
-def move_lost(
-    conn: Connection,
-    message_id: int,
-    seen_attempts: int,
-    to: Status,
-    *,
-    now: dt.datetime,
-    values: Mapping[str, object],
-) -> bool:
-    """The sweeper's ``move`` of a ``sending`` row whose worker was lost: only while it is
-    still this attempt's and its lease passed before ``now`` (a renewal since then wins)."""
-    when = messages_table.c.lease_expires_at < now
-    return _move(conn, (message_id, seen_attempts, Status.SENDING), to, when, values)
-
-
-def _move(
+def move_where(
     conn: Connection,
     fence: tuple[int, int, Status],
     to: Status,
     when: ColumnElement[bool] | None,
     values: Mapping[str, object],
 ) -> bool:
-    """The conditional UPDATE behind ``move`` and ``move_lost``: the row ``fence`` names (id,
-    attempt count, status as seen), if ``when`` holds too; ``updated_at`` is now unless
-    ``values`` set it."""
+    """The conditional UPDATE behind ``move`` (and the sweeper's ``lifeline.move_lost``): the
+    row ``fence`` names (id, attempt count, status as seen), if ``when`` holds too;
+    ``updated_at`` is now unless ``values`` set it."""
     message_id, seen_attempts, expected = fence
     stmt = update(messages_table).where(
         messages_table.c.id == message_id,
@@ -355,50 +329,6 @@ def _move(
         stmt.values(**{"status": to.value, "updated_at": utcnow(), **values})
     ).rowcount
     return bool(done)
-
-
-#: What ``move_all`` returns of each row it moved (for the transition log).
-MOVED = (
-    messages_table.c.id,
-    messages_table.c.key,
-    messages_table.c.provider,
-    messages_table.c.attempts,
-)
-
-
-def move_all(
-    conn: Connection,
-    expected: Status,
-    to: Status,
-    when: ColumnElement[bool],
-    **values: object,
-) -> list[Row[Any]]:
-    """The conditional UPDATE of a batch: every row in ``expected`` for which ``when`` holds
-    moves to ``to`` (the status is the fence: a row another process moved meanwhile is left
-    alone). Returns ``MOVED`` of each row moved."""
-    return list(
-        conn.execute(
-            update(messages_table)
-            .where(messages_table.c.status == expected.value, when)
-            .values(**{"status": to.value, **values})
-            .returning(*MOVED)
-        ).all()
-    )
-
-
-def log_lost(conn: Connection, message_id: int, number: int, now: dt.datetime, reason: str) -> None:
-    """The attempt row of a send whose worker was lost (its lease passed): outcome unknown."""
-    conn.execute(
-        insert(attempts_table).values(
-            message_id=message_id,
-            number=number,
-            kind="send",
-            started_at=now,
-            outcome="unknown",
-            error_code=LEASE_EXPIRED,
-            error=reason,
-        )
-    )
 
 
 def finish(conn: Connection, msg: Sending, status: Status, **values: object) -> bool:
