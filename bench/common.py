@@ -64,11 +64,7 @@ STUB_URL = f"http://127.0.0.1:{STUB_PORT}"
 CONFIG = RUN_DIR / "delivery.toml"
 CONFIG.write_text(f"""# written by bench/common.py
 [delivery]
-relay_interval = 1.0
-relay_batch = 500
-dispatch_lease = 300
-send_lease = 60
-sweep_interval = 5.0
+# the product's defaults: leases, relay and sweeper intervals, batch size
 
 [providers.stub]
 kind = "http"

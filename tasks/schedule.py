@@ -2,7 +2,8 @@
 
 ``celery -A tasks beat`` starts two threads in the beat process (``beat_init``): the relay
 (publish due rows, every ``relay_interval`` s, as many as each broker queue has room for:
-``delivery.pipeline.backpressure``) and the sweeper (expired leases and
+``delivery.pipeline.backpressure``; and renew the leases of the rows whose tasks still wait in
+a queue: ``delivery.pipeline.leases.renew_queued``) and the sweeper (expired leases and
 time-to-live, every ``sweep_interval`` s). They talk to the database and publish to the
 broker directly, so they never wait for a free slot in a worker, never sit in a queue behind
 sends, never show in Flower, and never depend on a relay *task* reaching a worker: after the
@@ -27,6 +28,7 @@ from typing import Any
 from celery.signals import beat_init
 
 from delivery.pipeline.backpressure import Backpressure
+from delivery.pipeline.leases import renew_queued
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sweeper import sweep as sweep_once
 from tasks.app import QUEUES, app, service
@@ -61,7 +63,10 @@ def queue_depths() -> dict[str, int | None]:
             channel = conn.default_channel
             for priority, queue in QUEUES.items():
                 with contextlib.suppress(Exception):
-                    declared = channel.queue_declare(queue=queue, passive=True)
+                    # Declared as the workers declare it, not passively: an empty Redis queue
+                    # is no key at all, which a passive declare reports as missing (no depth:
+                    # no back-pressure, just when a backlog falls due).
+                    declared = app.amqp.queues[queue].bind(channel).queue_declare()
                     depths[priority] = int(declared.message_count)
     except Exception as exc:  # the publish will say what is wrong with the broker
         log.debug("queue depths unavailable: %s", exc)
@@ -72,8 +77,10 @@ _pressure: Backpressure | None = None
 
 
 def relay_pass() -> int:
-    """One relay pass: claim and publish the due rows each queue has room for (back-pressure,
-    ``delivery.pipeline.backpressure``); return how many."""
+    """One relay pass: renew the leases of the rows whose tasks still wait in a queue
+    (``delivery.pipeline.leases.renew_queued``), then claim and publish the due rows each
+    queue has room for (back-pressure, ``delivery.pipeline.backpressure``); return how
+    many."""
     global _pressure
     svc = service()
     settings = svc.settings
@@ -81,12 +88,17 @@ def relay_pass() -> int:
         _pressure = Backpressure(settings.dispatch_lease, min(settings.relay_batch, FLOOR))
     pressure = _pressure
     # The broker counts tasks, and a task carries up to batch_size messages: the rooms are
-    # in tasks, the relay's caps in messages.
+    # in tasks, the relay's caps and the renewal of queued rows in messages.
     size = max(settings.batch_size, 1)
+    depths = queue_depths()
     rooms = {
         queue: None if room is None else room * size
-        for queue, room in pressure.rooms(queue_depths(), time.monotonic()).items()
+        for queue, room in pressure.rooms(depths, time.monotonic()).items()
     }
+    if any(depths.values()):
+        queued = {queue: None if depth is None else depth * size for queue, depth in depths.items()}
+        with svc.engine.begin() as conn:
+            renew_queued(conn, queued, lease=settings.dispatch_lease)
 
     def counted(claims: Sequence[Claim]) -> None:
         for priority, tasks in publish(claims).items():

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -287,9 +287,14 @@ class Pipeline:
         self.beat: ServiceProcess | None = None
         self.kills = 0
 
-    def start_worker(self) -> None:
+    def start_worker(self, extra: Sequence[str] = ()) -> None:
+        """Start the worker (``extra``: more ``celery worker`` arguments, e.g. ``--include``)."""
         self.worker = worker(
-            self.logs / "worker.log", env=self.env, concurrency=self.concurrency, cwd=ROOT
+            self.logs / "worker.log",
+            env=self.env,
+            concurrency=self.concurrency,
+            cwd=ROOT,
+            extra=extra,
         ).start()
 
     def start_beat(self) -> None:

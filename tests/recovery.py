@@ -13,13 +13,20 @@ import json
 import re
 import time
 from dataclasses import fields
+from pathlib import Path
 
 from delivery.config.settings import BreakerConfig, Settings, Timeouts
 from delivery.pipeline.models import utcnow
 from tests.chaos import Report, Run, all_sent
 from tests.chaos_cluster import ChaosConfig, Cluster, Feeder, wait_until
 
-__all__ = ["BLOCKED", "DEFAULTS", "held_by_killed_worker", "relay_with_blocked_slots"]
+__all__ = [
+    "BLOCKED",
+    "DEFAULTS",
+    "held_by_killed_worker",
+    "killed_right_after_receipt",
+    "relay_with_blocked_slots",
+]
 
 
 def _default(cls: type, name: str) -> float:
@@ -71,10 +78,7 @@ def held_by_killed_worker(cluster: Cluster, n: int, broker: str = "redis") -> Re
             30,
             0.05,
         )
-        # Mid-send, not the instant a round ends: a task received in the last few ms before
-        # the kill (before its first renewal) keeps the relay's dispatch_lease, the residual
-        # window this test does not claim to close (see delivery.pipeline.leases).
-        time.sleep(0.25)
+        time.sleep(0.25)  # mid-send (the instant after a receipt: killed_right_after_receipt)
         open_at_kill = int(
             cluster.scalar(
                 "SELECT count(*) FROM delivery_messages WHERE status IN "
@@ -82,12 +86,14 @@ def held_by_killed_worker(cluster: Cluster, n: int, broker: str = "redis") -> Re
             )
             or 0
         )
-        held = int(
+        held_ids = list(
             cluster.scalar(
-                "SELECT count(*) FROM delivery_messages WHERE status IN ('dispatched', 'sending')"
+                "SELECT coalesce(array_agg(id), '{}') FROM delivery_messages "
+                "WHERE status IN ('dispatched', 'sending')"
             )
-            or 0
+            or []
         )
+        held = len(held_ids)
         killed_at = utcnow()
         kill_clock = time.monotonic()
         pipe.kill_worker()
@@ -104,9 +110,15 @@ def held_by_killed_worker(cluster: Cluster, n: int, broker: str = "redis") -> Re
             f"SIGKILL with {held} messages dispatched or sending, {open_at_kill} open in all; "
             f"a new worker started 0.5 s later"
         )
+        held_sent = cluster.scalar(
+            "SELECT max(updated_at) FROM delivery_messages WHERE id = ANY(:ids)", ids=held_ids
+        )
         report.figures.update(
             open_at_kill=open_at_kill,
             held_at_kill=held,
+            last_held_sent_after_kill_s=(
+                None if held_sent is None else round((held_sent - killed_at).total_seconds(), 1)
+            ),
             last_sent_after_kill_s=report.recovery_s,
             wall_s=round(time.monotonic() - kill_clock, 1),
             lease_expired_attempts=int(
@@ -123,6 +135,60 @@ def held_by_killed_worker(cluster: Cluster, n: int, broker: str = "redis") -> Re
             f"the last message was sent {after} s after the kill (bound {BOUND_S:g} s)",
         )
     return report
+
+
+def killed_right_after_receipt(cluster: Cluster, n: int = 6, broker: str = "redis") -> Report:
+    """A worker stops itself the instant it receives its first task, before its lease keeper
+    hears of it (``tests/freeze_on_receipt.py``), and is then SIGKILLed: that message was never
+    renewed by a worker, so only the relay's ``dispatch_lease`` brings it back. Every message
+    must still be sent within ``BOUND_S`` of the kill by a new worker, each key once."""
+    report = Report("killed-after-receipt", "worker SIGKILLed right after a receipt", broker, n)
+    with cluster.pipeline(report.scenario, broker, DEFAULTS, start=False) as (pipe, settings):
+        pipe.start_worker(extra=("--include", "tests.freeze_on_receipt"))
+        pipe.start_beat()
+        run = Run(cluster, pipe, settings, report)
+        run.feed(0.0)
+        assert run.feeder is not None
+        run.feeder.join()
+        assert pipe.worker is not None
+        pid = pipe.worker.pid
+        frozen = wait_until(lambda: _stopped(pid), 60, 0.05)
+        time.sleep(2.0)  # let the relay and the sweeper run their passes meanwhile
+        dispatched = int(
+            cluster.scalar("SELECT count(*) FROM delivery_messages WHERE status = 'dispatched'")
+            or 0
+        )
+        killed_at = utcnow()
+        pipe.kill_worker()
+        pipe.start_worker()
+        run.recovered()
+        run.finish(all_sent, timeout=BOUND_S + 150.0)
+        last_sent = cluster.scalar(
+            "SELECT max(updated_at) FROM delivery_messages WHERE status = 'sent'"
+        )
+        after = (last_sent - killed_at).total_seconds() if last_sent is not None else None
+        report.recovery_s = None if after is None else round(after, 1)
+        report.faults = (
+            f"worker stopped on its first receipt, SIGKILLed 2 s later with {dispatched} "
+            "messages dispatched; a new worker started at once"
+        )
+        report.figures.update(dispatched_at_kill=dispatched, last_sent_after_kill_s=after)
+        report.check(frozen, "the worker never stopped on a receipt: the kill hit nothing")
+        report.check(dispatched >= 1, "no message was dispatched at the kill")
+        report.check(
+            after is not None and after <= BOUND_S,
+            f"the last message was sent {after} s after the kill (bound {BOUND_S:g} s)",
+        )
+    return report
+
+
+def _stopped(pid: int) -> bool:
+    """Whether process ``pid`` is stopped (SIGSTOP): ``T`` in its /proc status."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return False
+    return any(line.startswith("State:") and "T" in line.split()[1] for line in status.splitlines())
 
 
 #: Every worker slot blocked: 20 s provider calls (read timeout 30 s), 2 threads.

@@ -862,7 +862,9 @@ def test_outage_sends_few_probes_per_reset_timeout_and_spends_no_attempts(fresh:
         attempts = session.scalars(select(Message.attempts)).all()
     parks = [e for e in events if e.get("code") == CIRCUIT_OPEN and e["event"] == "transition"]
     assert sum(attempts) == len(requests), "an attempt was spent without a request"
-    assert max(attempts) <= 6, sorted(attempts)
+    # Which messages carry the probes is the relay's due order, not a quota: one message may
+    # carry several. What matters is that none was brought to its last attempt by the outage.
+    assert max(attempts) < rig.settings.max_attempts, sorted(attempts)
     assert len(parks) >= 40, len(parks)
     print(
         f"\n{len(before)} requests before open, {len(during)} probes in "

@@ -168,3 +168,15 @@ def test_framework_database_without_broker_is_refused() -> None:
         {"DELIVERY_BROKER_URL": "redis://127.0.0.1:6379/0"}, environ={}, default_database_url=PG
     )
     assert settings.database_url == PG
+
+
+def test_dispatch_lease_must_span_several_relay_passes(tmp_path: Path) -> None:
+    """The relay renews queued tasks once a pass, so a dispatch_lease shorter than three relay
+    intervals is refused naming delivery.dispatch_lease; the defaults pass."""
+    path = tmp_path / "delivery.toml"
+    path.write_text("[delivery]\nrelay_interval = 5\ndispatch_lease = 10\n")
+    with pytest.raises(ConfigError) as caught:
+        load_settings({"DELIVERY_CONFIG": str(path)})
+    assert caught.value.key == "delivery.dispatch_lease"
+    defaults = load_settings({})
+    assert defaults.dispatch_lease >= 3 * defaults.relay_interval

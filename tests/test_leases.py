@@ -1,7 +1,8 @@
 """Held-message leases and relay back-pressure (issue 12 §2).
 
-``renew_held`` on real PostgreSQL (its fence and its cap at ``send_lease``), the relay's
-per-priority rooms, and ``Backpressure``'s arithmetic. Like ``tests/test_relay.py``, every row
+``renew_held`` and ``renew_queued`` on real PostgreSQL (their fences, the cap at
+``send_lease``, which rows count as still queued), the relay's per-priority rooms, and
+``Backpressure``'s arithmetic. Like ``tests/test_relay.py``, every row
 is due an hour from now and the functions run with ``now`` two hours ahead, so a live relay
 or sweeper of the suite never touches them.
 """
@@ -9,6 +10,7 @@ or sweeper of the suite never touches them.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 from collections import Counter
 from collections.abc import Sequence
 
@@ -16,7 +18,7 @@ import pytest
 from sqlalchemy import Engine, insert, select
 
 from delivery.pipeline.backpressure import SHARE, Backpressure
-from delivery.pipeline.leases import Renewed, renew_held
+from delivery.pipeline.leases import Renewed, renew_held, renew_queued
 from delivery.pipeline.models import messages_table, utcnow
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sweeper import sweep
@@ -130,3 +132,87 @@ def test_backpressure_never_grants_room_to_a_full_queue() -> None:
     pressure.rooms({"normal": 0}, now=0.0)
     pressure.published("normal", 5)
     assert pressure.rooms({"normal": 5000}, now=1.0) == {"normal": 0}
+
+
+@pytest.mark.integration
+def test_queued_rows_renewed_by_the_relay_outlive_their_first_lease(clean: Engine) -> None:
+    """With 2 tasks in the normal queue, the 2 newest dispatched normal rows (claimed last,
+    so still queued) get ``now + lease`` and outlive their first lease; an older one (taken by
+    a worker), a short retry, a row of another priority or status, and a longer lease are left
+    alone. A queue of unknown depth renews nothing."""
+    now = utcnow() + 2 * LATER
+    soon = now + dt.timedelta(seconds=2)
+
+    def claimed(seconds: float, priority: str = "normal") -> dict[str, object]:
+        at = now - dt.timedelta(seconds=seconds)
+        return dict(
+            status="dispatched",
+            updated_at=at,
+            next_attempt_at=at,
+            lease_expires_at=soon,
+            priority=priority,
+            attempts=0,
+        )
+
+    ids = _rows(
+        clean,
+        [
+            claimed(30),  # taken by a worker: older than the queued ones
+            claimed(3),  # queued
+            claimed(1),  # queued
+            claimed(1, "bulk"),
+            {  # a short retry, parked 1 s ago, due in 5 s
+                **claimed(1),
+                "next_attempt_at": now + dt.timedelta(seconds=5),
+            },
+            {**claimed(0), "status": "sending", "attempts": 1},
+        ],
+    )
+    with clean.begin() as conn:
+        assert renew_queued(conn, {"normal": 2, "bulk": None}, lease=10, now=now) == 2
+    until = now + dt.timedelta(seconds=10)
+    assert _leases(clean, ids) == [soon, until, until, soon, soon, soon]
+    swept = sweep(clean, now=now + dt.timedelta(seconds=5))
+    assert (swept.requeued, swept.recovered) == (3, 1)  # all but the queued two; the send
+    assert sweep(clean, now=now + dt.timedelta(seconds=11)).requeued == 2
+
+
+def test_keeper_renews_a_received_message_at_once_without_polling() -> None:
+    """The keeper renews a message the moment the worker receives it (``task_received``), not
+    at its next periodic pass (an hour away here); a failed renewal is tried again with the
+    next wake-up."""
+    from tasks.leases import Keeper
+
+    renewed: list[set[int]] = []
+    failed, called = threading.Event(), threading.Event()
+
+    def renew(ids: set[int]) -> None:
+        if not failed.is_set():
+            failed.set()
+            raise RuntimeError("database down")
+        renewed.append(set(ids))
+        called.set()
+
+    keeper = Keeper(3600.0, renew)
+    keeper.start()
+    try:
+        keeper.received(7)  # this renewal fails...
+        assert failed.wait(30.0)
+        keeper.received(8)  # ...and the next wake-up renews both
+        assert called.wait(30.0)
+        assert renewed == [{7, 8}]
+    finally:
+        keeper.stop()
+    assert not keeper.is_alive()
+
+
+@pytest.mark.integration
+def test_relay_knows_the_depth_of_every_queue_empty_ones_included(clean: Engine) -> None:
+    """The relay's broker depths are numbers for every queue, an empty Redis queue included
+    (no key in Redis: a passive declare called it missing, so the relay published a whole
+    backlog at once, without back-pressure or renewal, just when it fell due)."""
+    from tasks.schedule import queue_depths
+
+    depths = queue_depths()
+    assert set(depths) == {"urgent", "normal", "bulk"}
+    assert all(isinstance(depth, int) and depth >= 0 for depth in depths.values()), depths

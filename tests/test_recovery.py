@@ -46,6 +46,27 @@ def test_killed_worker_messages_sent_within_30s_on_rabbitmq(cluster: Cluster) ->
     assert report.statuses == {"sent": N}
 
 
+def test_message_received_just_before_the_kill_is_sent_within_30s_on_redis(
+    cluster: Cluster,
+) -> None:
+    """A worker SIGKILLed right after receiving a task, before renewing its lease (it stops
+    itself on receipt), loses nothing: every message is sent within 30 s of the kill, once."""
+    report = recovery.killed_right_after_receipt(cluster, 6, "redis")
+    check(report)
+    assert report.statuses == {"sent": 6}
+
+
+def test_message_received_just_before_the_kill_is_sent_within_30s_on_rabbitmq(
+    cluster: Cluster,
+) -> None:
+    """The same on RabbitMQ (which redelivers the killed worker's unacknowledged tasks)."""
+    if not Cluster.rabbitmq_reachable():
+        _missing("RabbitMQ is not reachable")
+    report = recovery.killed_right_after_receipt(cluster, 6, "rabbitmq")
+    check(report)
+    assert report.statuses == {"sent": 6}
+
+
 def test_relay_claims_and_publishes_while_every_worker_slot_is_blocked(cluster: Cluster) -> None:
     """Beat's relay does not wait for a worker slot: with every slot stuck in a 20 s provider
     call, a new message is claimed and its task published within 10 s, and no relay or sweep

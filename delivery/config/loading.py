@@ -86,6 +86,11 @@ _TUNING: dict[str, type] = {
 }
 
 
+#: ``dispatch_lease`` spans at least this many relay passes, each of which renews the leases of
+#: tasks still queued: a pass may run late under load without a queued task being taken for lost.
+LEASE_PER_RELAY = 3.0
+
+
 def _table(data: Mapping[str, Any], key: str, where: str) -> Mapping[str, Any]:
     value = data.get(key, {})
     if not isinstance(value, Mapping):
@@ -317,6 +322,13 @@ def settings_from_mapping(
                 f"must be below delivery.send_lease ({settings.send_lease:g} s)",
             )
         settings = settings.with_(hold_lease=settings.send_lease / 2)  # a short send_lease
+    if settings.dispatch_lease < LEASE_PER_RELAY * settings.relay_interval:
+        raise ConfigError(
+            "delivery.dispatch_lease",
+            f"must be at least {LEASE_PER_RELAY:g} relay passes "
+            f"({LEASE_PER_RELAY * settings.relay_interval:g} s at relay_interval "
+            f"{settings.relay_interval:g} s): the relay renews queued tasks on each pass",
+        )
     for provider in providers.values():
         if settings.send_lease <= provider.timeouts.total:
             raise ConfigError(

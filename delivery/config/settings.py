@@ -148,10 +148,10 @@ class Settings:
     max_payload_bytes: int = 64 * 1024
     relay_interval: float = 1.0
     relay_batch: int = 500
-    dispatch_lease: float = 120.0
+    dispatch_lease: float = 10.0  # covers a task between the relay's last look and its worker
     send_lease: float = 60.0
     hold_lease: float = 10.0  # a held message whose worker stopped renewing comes back then
-    sweep_interval: float = 5.0
+    sweep_interval: float = 2.0
     max_countdown: float = 300.0
     #: Messages per ``delivery.deliver_batch`` task when the relay has a backlog (1: every
     #: message its own ``delivery.deliver`` task, the path before batches).

@@ -1,10 +1,12 @@
 """Relay back-pressure: how many more tasks the relay may publish to each broker queue now.
 
-A message waiting in a broker queue is held by nobody: no worker renews its lease, so the
-relay's ``dispatch_lease`` must outlast its wait, or the sweeper takes it for lost and the
-relay publishes it a second time. So the relay keeps each queue short enough to drain well
-within that lease, and leaves the rest ``pending`` in the outbox, where a message is cheap,
-cancellable and ordered by due time (the same design as Oban's and Sidekiq's fetchers).
+A message waiting in a broker queue is held by no worker; the relay renews its lease while it
+waits (``delivery.pipeline.leases.renew_queued``), so a long wait costs no second publish, but
+it is a message that can no longer be cancelled, reordered or sent in due order. So the relay
+keeps each queue short enough to drain well within a ``dispatch_lease`` (which also bounds how
+long a queued task waits if the relay stops renewing: beat down, broker depth unknown), and
+leaves the rest ``pending`` in the outbox, where a message is cheap, cancellable and ordered by
+due time (the same design as Oban's and Sidekiq's fetchers).
 
 ``Backpressure.rooms`` takes each queue's depth (asked of the broker before a relay pass) and
 estimates how fast workers take from it: ``taken = depth before + published since - depth

@@ -14,9 +14,13 @@ A ``sending`` row is renewed only while its attempt is younger than ``send_lease
 the provider's total timeout. So a hung call is still taken for dead at ``send_lease``, and a
 live one is never taken for dead while its worker renews.
 
-The window it leaves: a task the worker received in the last few milliseconds before it
-died (before the keeper's next look, every 20 ms, and its UPDATE) still has the relay's
-``dispatch_lease`` and comes back after it.
+Before a worker takes it, a task waits in its broker queue, held by nobody: on each pass the
+relay asks each queue's depth and renews the rows whose tasks are still queued to ``now +
+dispatch_lease`` (``renew_queued``), whoever published them (the relay or the post-commit
+nudge). So a task waiting behind a long backlog is never taken for lost, however long it
+waits, and ``dispatch_lease`` (10 s by default) only covers the moment between the relay's
+last look at the queue and the worker's first renewal: a task received in the very instant its
+worker is killed comes back ``dispatch_lease`` s after that.
 
 Like every lifeline (Oban's), this can cause a duplicate: a live worker that cannot reach the
 database for ``hold_lease`` s loses its rows to the sweeper, and a send then in flight may be
@@ -26,17 +30,18 @@ made again with the same key (the provider dedupes; ``give_up`` parks it as ``un
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import BigInteger, Connection, any_, bindparam, func, or_, select, update
 from sqlalchemy.dialects.postgresql import ARRAY
 
+from delivery.pipeline.clock import db_now
 from delivery.pipeline.models import messages_table, utcnow
 from delivery.pipeline.status import Status
 
-__all__ = ["Renewed", "renew_held"]
+__all__ = ["Renewed", "renew_held", "renew_queued"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,3 +126,45 @@ def renew_held(
         .values(lease_expires_at=until)
     ).rowcount
     return Renewed(dispatched, sending)
+
+
+def renew_queued(
+    conn: Connection,
+    depths: Mapping[str, int | None],
+    *,
+    lease: float,
+    now: dt.datetime | None = None,
+) -> int:
+    """Renew the rows whose tasks still wait in a broker queue to ``now + lease`` (never
+    shorter than they have); return how many.
+
+    ``depths``: tasks waiting in each priority's queue, as the broker counts them (not the
+    ones workers hold unacknowledged). Queues are first in, first out, so the tasks still in a
+    queue of depth ``d`` are the ``d`` last published to it: the ``d`` rows of that priority
+    ``dispatched`` most recently (``updated_at``: when the relay or the nudge claimed them;
+    a short retry, due after it was parked, is not one of them). Rows a worker took are older
+    than those and keep the lease their worker renews. A priority whose depth is unknown is
+    left alone. The status is the fence: a row a worker moved meanwhile is not touched."""
+    m = messages_table.c
+    counted = {p: d for p, d in depths.items() if d}
+    if not counted:
+        return 0
+    now = now or db_now(conn)
+    until = now + dt.timedelta(seconds=lease)
+    renewed = 0
+    for priority, depth in counted.items():
+        newest = (
+            select(m.id)
+            .where(m.status == Status.DISPATCHED.value, m.priority == priority)
+            .where(m.next_attempt_at <= m.updated_at)
+            .order_by(m.updated_at.desc(), m.id.desc())
+            .limit(depth)
+            .with_for_update(skip_locked=True)  # a row a worker is moving is not queued
+        )
+        renewed += conn.execute(
+            update(messages_table)
+            .where(m.id.in_(newest.scalar_subquery()), m.status == Status.DISPATCHED.value)
+            .where(m.lease_expires_at < until)
+            .values(lease_expires_at=until)
+        ).rowcount
+    return renewed

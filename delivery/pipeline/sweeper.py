@@ -9,6 +9,10 @@
   ``give_up`` -> ``unknown``. Spent attempts also end in ``unknown``.
 - ``pending`` or ``dispatched`` past its time-to-live (``expires_at``): ``expired``, never sent
   late.
+
+Every change goes through the conditional UPDATEs of ``delivery.pipeline.lifeline``
+(``move_all`` for a batch, ``move_lost`` for one send): the expected status (and, for a send, the
+attempt count) is the fence, so a row a worker settles meanwhile is never moved.
 """
 
 from __future__ import annotations
@@ -16,23 +20,18 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass
 
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, select
 
 from delivery.observability.events import Transition, emit
 from delivery.pipeline.clock import db_now
-from delivery.pipeline.models import attempts_table, messages_table
+from delivery.pipeline.lifeline import LEASE_EXPIRED, log_lost, move_all, move_lost
+from delivery.pipeline.models import messages_table
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
 
-__all__ = ["SweepReport", "sweep"]
+__all__ = ["LEASE_EXPIRED", "SweepReport", "sweep"]
 
-LEASE_EXPIRED = "LEASE_EXPIRED"
-_LOGGED = (
-    messages_table.c.id,
-    messages_table.c.key,
-    messages_table.c.provider,
-    messages_table.c.attempts,
-)
+_LOST = "worker lost during the send (lease expired); outcome unknown"
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,45 +45,33 @@ class SweepReport:
 def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) -> SweepReport:
     """One pass; ``now`` (default: the database's clock, the one every lease was written on)
     decides which leases and time-to-lives have passed."""
+    m = messages_table.c
     with engine.begin() as conn:
         now = now or db_now(conn)
         expired = {
-            old: conn.execute(
-                update(messages_table)
-                .where(messages_table.c.status == old.value, messages_table.c.expires_at < now)
-                .values(
-                    status=Status.EXPIRED.value,
-                    lease_expires_at=None,
-                    updated_at=now,
-                    last_error_code="EXPIRED",
-                    last_error="time-to-live passed before it could be sent",
-                )
-                .returning(*_LOGGED)
-            ).all()
+            old: move_all(
+                conn,
+                old,
+                Status.EXPIRED,
+                m.expires_at < now,
+                lease_expires_at=None,
+                updated_at=now,
+                last_error_code="EXPIRED",
+                last_error="time-to-live passed before it could be sent",
+            )
             for old in (Status.PENDING, Status.DISPATCHED)
         }
-        requeued = conn.execute(
-            update(messages_table)
-            .where(
-                messages_table.c.status == Status.DISPATCHED.value,
-                messages_table.c.lease_expires_at < now,
-            )
-            .values(status=Status.PENDING.value, lease_expires_at=None, updated_at=now)
-            .returning(*_LOGGED)
-        ).all()
+        requeued = move_all(
+            conn,
+            Status.DISPATCHED,
+            Status.PENDING,
+            m.lease_expires_at < now,
+            lease_expires_at=None,
+            updated_at=now,
+        )
         stuck = conn.execute(
-            select(
-                messages_table.c.id,
-                messages_table.c.key,
-                messages_table.c.provider,
-                messages_table.c.attempts,
-                messages_table.c.max_attempts,
-                messages_table.c.on_unknown,
-            )
-            .where(
-                messages_table.c.status == Status.SENDING.value,
-                messages_table.c.lease_expires_at < now,
-            )
+            select(m.id, m.key, m.provider, m.attempts, m.max_attempts, m.on_unknown)
+            .where(m.status == Status.SENDING.value, m.lease_expires_at < now)
             .limit(limit)
         ).all()
     recovered = unknown = 0
@@ -92,40 +79,18 @@ def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) 
         policy = UnknownPolicy(row.on_unknown)
         give_up = policy is UnknownPolicy.GIVE_UP or row.attempts >= row.max_attempts
         target = Status.UNKNOWN if give_up else Status.PENDING
-        reason = "worker lost during the send (lease expired); outcome unknown"
         values: dict[str, object] = dict(
-            status=target.value,
             lease_expires_at=None,
             updated_at=now,
             last_error_code=LEASE_EXPIRED,
-            last_error=reason,
+            last_error=_LOST,
         )
         if not give_up:
             values.update(next_attempt_at=now, needs_lookup=policy is UnknownPolicy.LOOKUP)
         with engine.begin() as conn:
-            done = conn.execute(
-                update(messages_table)
-                .where(
-                    messages_table.c.id == row.id,
-                    messages_table.c.status == Status.SENDING.value,
-                    messages_table.c.attempts == row.attempts,
-                    messages_table.c.lease_expires_at < now,
-                )
-                .values(**values)
-            ).rowcount
-            if not done:
+            if not move_lost(conn, row.id, row.attempts, target, now=now, values=values):
                 continue
-            conn.execute(
-                insert(attempts_table).values(
-                    message_id=row.id,
-                    number=row.attempts,
-                    kind="send",
-                    started_at=now,
-                    outcome="unknown",
-                    error_code=LEASE_EXPIRED,
-                    error=reason,
-                )
-            )
+            log_lost(conn, row.id, row.attempts, now, _LOST)
         emit(
             Transition(
                 row.id,
@@ -142,28 +107,28 @@ def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) 
             unknown += 1
         else:
             recovered += 1
-    for row in requeued:
+    for back in requeued:
         emit(
             Transition(
-                row.id,
-                row.key,
-                row.provider,
+                back.id,
+                back.key,
+                back.provider,
                 Status.DISPATCHED,
                 Status.PENDING,
-                row.attempts,
+                back.attempts,
                 "lease_expired",
             )
         )
     for old, rows in expired.items():
-        for row in rows:
+        for gone in rows:
             emit(
                 Transition(
-                    row.id,
-                    row.key,
-                    row.provider,
+                    gone.id,
+                    gone.key,
+                    gone.provider,
                     old,
                     Status.EXPIRED,
-                    row.attempts,
+                    gone.attempts,
                     "expired",
                     "EXPIRED",
                 )

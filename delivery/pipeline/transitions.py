@@ -4,10 +4,11 @@ and the conditional UPDATEs every transition of an attempt goes through.
 - ``Action`` and ``Result``: the closed answer of one attempt to its task (``sender.deliver``).
 - ``Sending``: the frozen description of the message in flight (this attempt's number, its
   policy and backoff); ``Failure``: why an attempt did not end it, and what to log.
-- ``move``: the one conditional UPDATE of a worker (status *and* attempt count as seen);
-  ``finish`` moves this attempt's ``sending`` row; ``park`` puts it back to wait;
-  ``log_attempt`` writes the attempt's row. A new path (a batch, a lease renewal) gets a
-  primitive of the same kind here, not an inline UPDATE.
+- ``move``: the one conditional UPDATE of a row (status *and* attempt count as seen;
+  ``move_where`` adds a further condition, e.g. the sweeper's "its lease has passed":
+  ``delivery.pipeline.lifeline``); ``finish`` moves this attempt's ``sending`` row; ``park``
+  puts it back to wait; ``log_attempt`` writes the attempt's row. A new path (a batch, a
+  lease renewal) gets a primitive of the same kind, not an inline UPDATE.
 - The batch path's primitives, each one statement for a whole batch and each fenced per row
   like ``move``: ``take_many`` (``dispatched`` -> ``sending``, each row only at the attempt
   count its reader saw), ``finish_sent_many`` (this attempt's ``sending`` -> ``sent``) and
@@ -21,12 +22,13 @@ import datetime as dt
 import enum
 import functools
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    ColumnElement,
     Connection,
     DateTime,
     Float,
@@ -63,6 +65,7 @@ __all__ = [
     "log_attempt",
     "log_attempts",
     "move",
+    "move_where",
     "park",
     "take_many",
 ]
@@ -332,14 +335,29 @@ def move(
 ) -> bool:
     """The one conditional UPDATE of a worker: ``expected`` -> ``to``, only while the row is
     where this worker saw it (status and attempt count). False: someone else moved it."""
+    return move_where(conn, (message_id, seen_attempts, expected), to, None, values)
+
+
+def move_where(
+    conn: Connection,
+    fence: tuple[int, int, Status],
+    to: Status,
+    when: ColumnElement[bool] | None,
+    values: Mapping[str, object],
+) -> bool:
+    """The conditional UPDATE behind ``move`` (and the sweeper's ``lifeline.move_lost``): the
+    row ``fence`` names (id, attempt count, status as seen), if ``when`` holds too;
+    ``updated_at`` is now unless ``values`` set it."""
+    message_id, seen_attempts, expected = fence
+    stmt = update(messages_table).where(
+        messages_table.c.id == message_id,
+        messages_table.c.status == expected.value,
+        messages_table.c.attempts == seen_attempts,
+    )
+    if when is not None:
+        stmt = stmt.where(when)
     done = conn.execute(
-        update(messages_table)
-        .where(
-            messages_table.c.id == message_id,
-            messages_table.c.status == expected.value,
-            messages_table.c.attempts == seen_attempts,
-        )
-        .values(status=to.value, updated_at=utcnow(), **values)
+        stmt.values(**{"status": to.value, "updated_at": utcnow(), **values})
     ).rowcount
     return bool(done)
 
