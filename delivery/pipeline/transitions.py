@@ -161,38 +161,31 @@ def log_attempt(
 
 
 def log_attempts(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
-    """Write many attempt rows (``attempt_row``) in one INSERT: on PostgreSQL ``INSERT ..
-    SELECT FROM unnest(one array per column)``, one short statement prepared once whatever the
-    batch's length (a multi-row ``VALUES`` is a new, long query text to parse on both sides for
-    every batch); elsewhere an executemany."""
-    if not rows:
-        return
-    if conn.dialect.name != "postgresql":
+    """Write many attempt rows (``attempt_row``) in one INSERT; on PostgreSQL one short statement
+    prepared once (``INSERT .. SELECT FROM unnest(one array per column)``), not a long VALUES."""
+    if rows and conn.dialect.name != "postgresql":
         conn.execute(insert(attempts_table), list(rows))
-        return
-    conn.execute(
-        _log_attempts_statement(), {name: [r[name] for r in rows] for name, _ in _ATTEMPT_COLUMNS}
-    )
+    elif rows:
+        conn.execute(_log_attempts_statement(), {n: [r[n] for r in rows] for n in _ATTEMPT_COLUMNS})
 
 
-_ATTEMPT_COLUMNS: tuple[tuple[str, Any], ...] = (
-    ("message_id", BigInteger()),
-    ("number", Integer()),
-    ("kind", String()),
-    ("outcome", String()),
-    ("started_at", DateTime(timezone=True)),
-    ("http_status", Integer()),
-    ("latency_ms", Float()),
-    ("error_code", String()),
-    ("error", Text()),
-)
+_ATTEMPT_COLUMNS: dict[str, Any] = {
+    "message_id": BigInteger(),
+    "number": Integer(),
+    "kind": String(),
+    "outcome": String(),
+    "started_at": DateTime(timezone=True),
+    "http_status": Integer(),
+    "latency_ms": Float(),
+    "error_code": String(),
+    "error": Text(),
+}
 
 
 @functools.cache
 def _log_attempts_statement() -> Any:
-    rows = _unnest(*_ATTEMPT_COLUMNS)
-    names = [name for name, _ in _ATTEMPT_COLUMNS]
-    return insert(attempts_table).from_select(names, select(*(rows.c[n] for n in names)))
+    rows = _unnest(*_ATTEMPT_COLUMNS.items())
+    return insert(attempts_table).from_select(list(_ATTEMPT_COLUMNS), select(*rows.c))
 
 
 def extend_lease(conn: Connection, message_id: int, seen_attempts: int, until: dt.datetime) -> bool:
