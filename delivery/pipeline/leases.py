@@ -161,9 +161,15 @@ def renew_queued(
             .limit(depth)
             .with_for_update(skip_locked=True)  # a row a worker is moving is not queued
         )
+        # ``= ANY(ARRAY(...))`` on PostgreSQL: the locking subquery runs once (see ``_chosen``).
+        chosen = (
+            m.id == any_(func.array(newest.scalar_subquery()))
+            if conn.dialect.name == "postgresql"
+            else m.id.in_(newest.scalar_subquery())
+        )
         renewed += conn.execute(
             update(messages_table)
-            .where(m.id.in_(newest.scalar_subquery()), m.status == Status.DISPATCHED.value)
+            .where(chosen, m.status == Status.DISPATCHED.value)
             .where(m.lease_expires_at < until)
             .values(lease_expires_at=until)
         ).rowcount
