@@ -7,6 +7,7 @@ import multiprocessing
 import time
 from pathlib import Path
 from queue import Empty
+from typing import Any
 
 import pytest
 from kombu import Connection
@@ -40,18 +41,15 @@ def _publish(folder: str, start: int, count: int) -> None:
         queue.close()
 
 
-def _consume(folder: str, seen: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+def _consume(folder: str, seen: multiprocessing.Queue, done: Any) -> None:  # type: ignore[type-arg]
     with _connection(Path(folder)) as conn:
         queue = conn.SimpleQueue("jobs")
-        idle = 0
-        while idle < 200:  # 2 s without a message: the publishers are done
+        while not done.is_set():  # until the test has every message: no idle-time guess
             try:
                 message = queue.get(block=False)
             except Empty:
-                idle += 1
                 time.sleep(0.01)
                 continue
-            idle = 0
             seen.put(message.payload["n"])
             message.ack()
         queue.close()
@@ -60,21 +58,27 @@ def _consume(folder: str, seen: multiprocessing.Queue) -> None:  # type: ignore[
 def test_concurrent_publishers_and_consumers_take_each_message_once(tmp_path: Path) -> None:
     ctx = multiprocessing.get_context("spawn")
     seen: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
+    done = ctx.Event()
     per, publishers, consumers = 300, 3, 3
     procs = [
         ctx.Process(target=_publish, args=(str(tmp_path), i * per, per)) for i in range(publishers)
     ]
-    procs += [ctx.Process(target=_consume, args=(str(tmp_path), seen)) for _ in range(consumers)]
+    procs += [
+        ctx.Process(target=_consume, args=(str(tmp_path), seen, done)) for _ in range(consumers)
+    ]
     for p in procs:
         p.start()
     taken: list[int] = []
     try:
         while len(taken) < per * publishers:
-            taken.append(seen.get(timeout=60))
+            taken.append(seen.get(timeout=120))
     finally:
+        done.set()
         for p in procs:
             p.join(timeout=30)
             if p.is_alive():
                 p.kill()
+    while not seen.empty():  # a message taken twice would show here
+        taken.append(seen.get(timeout=5))
     assert sorted(taken) == list(range(per * publishers))
     assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
