@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import datetime as dt
 from typing import Any
 
 from sqlalchemy.orm import Session
 
-from delivery.pipeline.models import Message, utcnow
+from delivery.pipeline.models import Attempt, Message, utcnow
 
 RECIPIENT = "+15555550123"
 
@@ -41,3 +42,21 @@ def add(session: Session, key: str, status: str, **fields: Any) -> Message:
     session.add(message)
     session.commit()
     return message
+
+
+def add_attempt(
+    session: Session, message_id: int, outcome: str, seconds: float = 0.0, **fields: Any
+) -> None:
+    """Record a first send attempt of ``message_id``, started ``seconds`` from now, and commit."""
+    started = utcnow() + dt.timedelta(seconds=seconds)
+    session.add(
+        Attempt(
+            message_id=message_id,
+            number=1,
+            kind="send",
+            started_at=started,
+            outcome=outcome,
+            **fields,
+        )
+    )
+    session.commit()

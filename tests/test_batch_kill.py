@@ -7,31 +7,18 @@ sent, with one effect per key at the provider.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 
 import pytest
 from sqlalchemy.orm import Session
 
 import delivery
-from tests.chaos_cluster import Cluster, ServiceMissing, message_for, wait_until
+from tests.chaos_cluster import Cluster, message_for, wait_until
 from tests.recovery import DEFAULTS
-from tests.test_chaos import _missing
+from tests.test_chaos import cluster as cluster  # the private cluster, one per module
 
 pytestmark = pytest.mark.integration
 
 N = 200
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """A private PostgreSQL, Redis and stub provider for this module."""
-    box = Cluster()
-    try:
-        box.start()
-    except ServiceMissing as exc:
-        _missing(str(exc))
-    yield box
-    box.stop()
 
 
 def _count(cluster: Cluster, status: str) -> int:

@@ -4,7 +4,6 @@
 
 from __future__ import annotations
 
-import datetime as dt
 import os
 import signal
 import subprocess
@@ -24,10 +23,9 @@ from delivery.config.settings import BreakerConfig
 from delivery.errors import ConfigError, InvalidMessage
 from delivery.guards.breaker import CircuitBreaker, Verdict
 from delivery.guards.redis_client import redis_client as make_client
-from delivery.pipeline.models import Attempt, utcnow
 from delivery.pipeline.validation import check_payload
 from tests.conftest import PG_SERVER, REDIS_URL
-from tests.factories import add
+from tests.factories import add, add_attempt
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -150,27 +148,9 @@ def test_show_after_a_redrive_numbers_attempts_across_rounds(session: Session) -
     """After a redrive, ``show`` numbers the two provider calls 1 and 2 (each "try 1" of its
     round) and prints the redrive, with its actor, between them."""
     message = add(session, "again-1", "dead", attempts=1)
-    session.add(
-        Attempt(
-            message_id=message.id,
-            number=1,
-            kind="send",
-            started_at=utcnow() - dt.timedelta(seconds=10),
-            outcome="permanent",
-        )
-    )
-    session.commit()
+    add_attempt(session, message.id, "permanent", -10)
     assert run("redrive", "again-1").exit_code == 0
-    session.add(
-        Attempt(
-            message_id=message.id,
-            number=1,
-            kind="send",
-            started_at=utcnow() + dt.timedelta(seconds=1),
-            outcome="delivered",
-        )
-    )
-    session.commit()
+    add_attempt(session, message.id, "delivered", 1)
     lines = run("show", "again-1").output.splitlines()
     rows = [line for line in lines if "try 1" in line or "redrive by cli:" in line]
     assert len(rows) == 3, "\n".join(lines)

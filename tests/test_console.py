@@ -20,8 +20,8 @@ from delivery.config.loading import load_settings
 from delivery.console import parse_users
 from delivery.console.app import create_app
 from delivery.errors import ConfigError
-from delivery.pipeline.models import Attempt, AuditEntry, Message, utcnow
-from tests.factories import RECIPIENT, add, message_values
+from delivery.pipeline.models import AuditEntry, Message, utcnow
+from tests.factories import RECIPIENT, add, add_attempt, message_values
 
 OPERATOR = ("ann", "correct-horse-battery")
 VIEWER = ("vic", "read-only-viewer-pass")
@@ -240,19 +240,9 @@ def test_message_page_opens_by_key_or_id_and_shows_the_timeline(
     """``/messages/<key>`` and ``/messages/<id>`` open the message: masked recipient, its
     attempts with codes, a Flower link by key; an unknown ref is a 404."""
     message = add(session, "order-7:receipt", "dead", last_error_code="21211", attempts=1)
-    session.add(
-        Attempt(
-            message_id=message.id,
-            number=1,
-            kind="send",
-            started_at=utcnow(),
-            outcome="permanent",
-            http_status=400,
-            error_code="21211",
-            latency_ms=12.0,
-        )
+    add_attempt(
+        session, message.id, "permanent", http_status=400, error_code="21211", latency_ms=12.0
     )
-    session.commit()
     for ref in ("order-7:receipt", str(message.id)):
         page = get(client, f"/messages/{ref}").get_data(as_text=True)
         assert "order-7:receipt" in page and "21211" in page and "permanent" in page
@@ -394,30 +384,12 @@ def test_cli_repairs_are_audited_with_the_cli_actor(session: Session) -> None:
     from delivery.cli import main
 
     message = add(session, "cli-1", "dead", attempts=1)
-    session.add(
-        Attempt(
-            message_id=message.id,
-            number=1,
-            kind="send",
-            started_at=utcnow() - dt.timedelta(seconds=5),
-            outcome="permanent",
-        )
-    )
-    session.commit()
+    add_attempt(session, message.id, "permanent", -5)
     result = CliRunner().invoke(main, ["redrive", "cli-1"])
     assert result.exit_code == 0, result.output
     (row,) = audit_rows(session)
     assert row.actor == ops.cli_actor() and row.actor.startswith("cli:")
-    session.add(
-        Attempt(
-            message_id=message.id,
-            number=1,
-            kind="send",
-            started_at=utcnow() + dt.timedelta(seconds=1),
-            outcome="delivered",
-        )
-    )
-    session.commit()
+    add_attempt(session, message.id, "delivered", 1)
     shown, attempts = ops.show(session, "cli-1")
     events = ops.timeline(session, shown, attempts)
     assert [(e.round, e.seq, e.audit.action if e.audit else None) for e in events] == [

@@ -4,29 +4,16 @@ kill, on Redis and on RabbitMQ, with one effect per key (``tests/recovery.py``).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 
 from tests import recovery
-from tests.chaos_cluster import Cluster, ServiceMissing
+from tests.chaos_cluster import Cluster
 from tests.test_chaos import _missing, check
+from tests.test_chaos import cluster as cluster  # the private cluster, one per module
 
 pytestmark = pytest.mark.integration
 
 N = 40
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[Cluster]:
-    """A private PostgreSQL, Redis and stub provider for this module."""
-    box = Cluster()
-    try:
-        box.start()
-    except ServiceMissing as exc:
-        _missing(str(exc))
-    yield box
-    box.stop()
 
 
 def test_killed_worker_messages_sent_within_30s_on_redis(cluster: Cluster) -> None:
