@@ -206,7 +206,9 @@ def write(
         "edit by hand: run it again._ Versions and machine: " + _versions() + ".",
         "",
         "Each scenario of [`tests/chaos.py`](../tests/chaos.py) enqueues its messages from a "
-        "background thread (small transactions, as apps do; SMS, email and webhook in turn) on a "
+        "background thread (SMS, email and webhook in turn; in every 200 messages, 100 in "
+        "transactions of 5 through `enqueue`, which go out one task each, and 100 in one "
+        "`enqueue_many` campaign, a backlog that goes out as `delivery.deliver_batch` tasks) on a "
         "private cluster: its own PostgreSQL and Redis, one celery worker (16 threads) and celery "
         "beat, the stub provider behind the fault proxy of "
         "[`tests/faultproxy.py`](../tests/faultproxy.py). It injects its fault while the "
@@ -214,7 +216,9 @@ def write(
         "",
         "- **lost**: a message without a row, still open when the wait gave up, or `sent` while "
         "the provider never saw its key;",
-        "- **duplicate effects**: keys the provider took effect on more than once;",
+        "- **duplicate effects**: keys the provider took effect on more than once; and a "
+        "scenario fails if any message has two accepted attempts (`delivered`/`found`) in "
+        "`delivery_attempts`, even when the provider deduplicated the second;",
         "- **drain**: seconds from the first enqueue until every message is final; **after the "
         "fault**: from the end of the fault (restart done, provider back) until then.",
         "",
@@ -228,7 +232,9 @@ def write(
         "",
         "Figures per scenario (attempts by outcome from `delivery_attempts`; "
         "`requeued_by_sweeper`: dispatched rows whose task was lost and that the sweeper put "
-        "back to pending, summed from the worker log; `wall_s`: the scenario's wall time):",
+        "back to pending, summed from the worker log; `batch_tasks` / `in_batches`: batch tasks "
+        "that finished and the messages they carried, from the worker log; `wall_s`: the "
+        "scenario's wall time):",
         "",
         *_figures(reports),
         "",

@@ -187,6 +187,9 @@ def _in_flight(cluster: Cluster, since: dt.datetime) -> int:
     return int(cluster.scalar(sql, t=since) or 0)
 
 
+_BATCH_DONE = r"delivery\.deliver_batch\[[^\]]*\] succeeded in [\d.]+s: '([^']*)'"
+
+
 def _log_sum(pipe: Pipeline, pattern: str) -> int:
     return sum(int(m) for m in re.findall(pattern, pipe.logs_text()))
 
@@ -200,8 +203,23 @@ def _pipeline_figures(run: Run) -> None:
                 text("SELECT outcome, count(*) FROM delivery_attempts GROUP BY outcome")
             ).all()
         )
+        twice = conn.execute(
+            text(
+                "SELECT m.key, string_agg(a.number || ' ' || a.outcome || ' at '"
+                " || to_char(a.started_at, 'MI:SS.MS') || ' ' || round(a.latency_ms) || ' ms',"
+                " ', ' ORDER BY a.id) FROM delivery_attempts a"
+                " JOIN delivery_messages m ON m.id = a.message_id GROUP BY m.key"
+                " HAVING count(*) FILTER (WHERE a.outcome IN ('delivered', 'found')) > 1"
+            )
+        ).all()
     report.figures["attempts"] = dict(sorted(outcomes.items()))
+    # A message the provider accepted is final: a second accepted attempt is a send too many.
+    report.check(not twice, f"{len(twice)} messages accepted twice: {dict(twice[:5])}")
     report.figures["requeued_by_sweeper"] = _log_sum(run.pipe, r"'requeued': (\d+)")
+    # A batch task's result counts its messages by answer ("48 sent, 2 retried").
+    batches = re.findall(_BATCH_DONE, run.pipe.logs_text())
+    report.figures["batch_tasks"] = len(batches)
+    report.figures["in_batches"] = sum(int(n) for b in batches for n in re.findall(r"\d+", b))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -55,6 +55,8 @@ __all__ = [
 ROOT = Path(__file__).resolve().parents[1]
 RABBITMQ_URL = os.environ.get("DELIVERY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 QUEUE = "delivery"
+# Messages per campaign (``enqueue_many``) in the feeder: two ``deliver_batch`` tasks of 50.
+CAMPAIGN = 100
 
 
 class ServiceMissing(RuntimeError):
@@ -543,11 +545,27 @@ def message_for(prefix: str, i: int) -> dict[str, Any]:
     )
 
 
+def _plan(n: int, batch: int, campaign: int = CAMPAIGN) -> Iterator[tuple[int, int, bool]]:
+    """The feeder's transactions as ``(first, last, campaign)``: in every ``2 * campaign``
+    messages, the first half goes ``batch`` per transaction through ``enqueue`` (delivered one
+    task each), the second half in one ``enqueue_many`` (a backlog: ``deliver_batch`` tasks)."""
+    first = 0
+    while first < n:
+        if (first // campaign) % 2:
+            last = min(first + campaign, n)
+            yield first, last, True
+        else:
+            last = min(first + batch, (first // campaign + 1) * campaign, n)
+            yield first, last, False
+        first = last
+
+
 @dataclass
 class Feeder:
-    """Enqueue ``n`` messages over ``duration`` seconds from a background thread, ``batch`` per
-    transaction, as apps would. A failed transaction (database down) is retried with the same
-    keys, which is safe: same key and payload returns the existing message (G3)."""
+    """Enqueue ``n`` messages over ``duration`` seconds from a background thread, as apps
+    would: half ``batch`` per transaction, half as campaigns (``_plan``). A failed
+    transaction (database down) is retried with the same keys, which is safe: same key and
+    payload returns the existing message (G3)."""
 
     engine: Engine
     settings: Settings
@@ -578,27 +596,28 @@ class Feeder:
 
     def _run(self) -> None:
         try:
-            step = self.duration * self.batch / max(self.n, 1)
-            for first in range(0, self.n, self.batch):
-                due = self.started + step * (first // self.batch)
+            for first, last, campaign in _plan(self.n, self.batch):
+                due = self.started + self.duration * first / max(self.n, 1)
                 time.sleep(max(0.0, due - time.monotonic()))
-                last = min(first + self.batch, self.n)
                 batch = [
                     {**message_for(self.prefix, i), **self.options(i)} for i in range(first, last)
                 ]
-                self._commit(batch)
+                self._commit(batch, campaign)
                 self.keys.extend(spec["key"] for spec in batch)
         except BaseException as exc:
             self.error = exc
         self.finished = time.monotonic()
 
-    def _commit(self, batch: list[dict[str, Any]]) -> None:
+    def _commit(self, batch: list[dict[str, Any]], campaign: bool) -> None:
         deadline = time.monotonic() + 120
         while True:
             try:
                 with Session(self.engine) as session, session.begin():
-                    for spec in batch:
-                        delivery.enqueue(session, settings=self.settings, **spec)
+                    if campaign:
+                        delivery.enqueue_many(session, batch, settings=self.settings)
+                    else:
+                        for spec in batch:
+                            delivery.enqueue(session, settings=self.settings, **spec)
                 return
             except DBAPIError:
                 if time.monotonic() > deadline:

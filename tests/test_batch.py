@@ -148,6 +148,47 @@ def test_deliver_many_takes_only_rows_still_where_it_saw_them(clean: Engine, stu
 
 
 @pytest.mark.integration
+def test_a_send_that_could_outlast_its_lease_is_not_made(clean: Engine, stub: Any) -> None:
+    """A batch's sends wait for the send pool. One that would start too late to finish within
+    its row's lease (the sweeper would hand the row to another worker meanwhile) is not made:
+    its row goes back to ``pending``, due now, with its attempt given back (``SEND_LATE``)."""
+    stub.set_faults(delay_ms=600)
+    pairs = _dispatched(clean, [{"key": f"late-{i}", "recipient": OK} for i in range(3)])
+    # Timeouts total 6 s (tests' config): a send may start up to 6.5 - 0.3/3 - 6 = 0.4 s after
+    # the take; one send at a time, each answered in 0.6 s: only the first starts in time.
+    settings = get_settings().with_(send_concurrency=1, send_lease=6.5, hold_lease=0.3)
+    service = Service.from_settings(settings)
+    try:
+        results = deliver_many(service, pairs)
+    finally:
+        service.close()
+    assert [(r.action, r.code) for r in results] == [
+        (Action.DONE, None),
+        (Action.PARKED, "SEND_LATE"),
+        (Action.PARKED, "SEND_LATE"),
+    ]
+    assert stub.effects() == {"late-0": 1}
+    with clean.connect() as conn:
+        rows = conn.execute(
+            select(
+                messages_table.c.key,
+                messages_table.c.status,
+                messages_table.c.attempts,
+                messages_table.c.last_error_code,
+                messages_table.c.lease_expires_at,
+                messages_table.c.next_attempt_at <= utcnow(),
+            ).order_by(messages_table.c.key)
+        ).all()
+        attempts = conn.execute(select(attempts_table.c.message_id)).scalars().all()
+    assert [tuple(row) for row in rows] == [
+        ("late-0", "sent", 1, None, None, True),
+        ("late-1", "pending", 0, "SEND_LATE", None, True),
+        ("late-2", "pending", 0, "SEND_LATE", None, True),
+    ]
+    assert attempts == [pairs[0][0]]  # no attempt row for a send that was not made
+
+
+@pytest.mark.integration
 def test_one_batch_with_every_outcome_ends_each_message_as_the_single_path_would(
     live: Engine, stub: Any
 ) -> None:

@@ -13,7 +13,11 @@ fraction of its commits:
 3. One fenced UPDATE (``transitions.take_many``) takes the rest to ``sending`` and commits
    *before* any request leaves (G2); a row whose fence moved meanwhile is skipped.
 4. The sends run on this process's small thread pool (``send_concurrency`` in flight), each
-   recorded in its provider's breaker.
+   recorded in its provider's breaker. A send starts only while it can still finish within
+   its row's lease (``start_by``): one that waited too long in the pool (a slow provider
+   holds every thread) is not made; its row goes back to ``pending`` with its attempt given
+   back (``SEND_LATE``), instead of racing the sweeper, which hands an expired ``sending``
+   row to its policy and so to another worker.
 5. One transaction writes every delivered message's attempt row (one multi-row INSERT) and
    its ``sent`` (one UPDATE, fenced per row); every other outcome goes through
    ``settle.after_send`` as on the single path.
@@ -54,18 +58,20 @@ from delivery.pipeline.transitions import (
     attempt_row,
     finish_sent_many,
     log_attempts,
+    move,
     take_many,
 )
 from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
 
-__all__ = ["deliver_many", "send_pool"]
+__all__ = ["SEND_LATE", "deliver_many", "send_pool"]
 
 _T = TypeVar("_T")
 _SKIP_TAKEN = Result(Action.SKIP, reason="taken by another worker")
 _CHANGED = Result(Action.SKIP, reason="row changed while sending")
 _REPEATED = Result(Action.SKIP, reason="repeated in its batch")
+SEND_LATE = "SEND_LATE"
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,10 +84,11 @@ class _Ready:
 
 @dataclass(frozen=True, slots=True)
 class _Sent:
-    """One send of the batch: the message, its outcome and how long the call took (ms)."""
+    """One send of the batch: the message, its outcome and how long the call took (ms);
+    ``outcome`` None: the send was not made (too late to finish within the lease)."""
 
     msg: Sending
-    outcome: outcomes.Outcome
+    outcome: outcomes.Outcome | None
     latency: float
 
 
@@ -178,16 +185,21 @@ def deliver_many(
 
 def _take(
     service: Service, ready: Sequence[_Ready], now: dt.datetime, results: dict[int, Result]
-) -> list[tuple[Sending, Envelope, _Ready]]:
+) -> list[tuple[Sending, Envelope, _Ready, float]]:
     """Take the ready rows to ``sending`` in one committed UPDATE; what to send."""
     if not ready:
         return []
-    lease = now + dt.timedelta(seconds=service.settings.hold_lease)
+    settings = service.settings
+    lease = now + dt.timedelta(seconds=settings.hold_lease)
+    # The lease keeper renews a taken row up to send_lease after its take, every hold_lease/3
+    # s, so its lease surely lasts until send_lease - hold_lease/3 after it (timed from before
+    # the statement: never later than the database's).
+    lasts = time.monotonic() + settings.send_lease - settings.hold_lease / 3
     with service.engine.begin() as conn:
         taken = take_many(
             conn, [Take(r.row.id, r.row.attempts) for r in ready], lease_until=lease, now=now
         )
-    sends: list[tuple[Sending, Envelope, _Ready]] = []
+    sends: list[tuple[Sending, Envelope, _Ready, float]] = []
     for r in ready:
         row = r.row
         if row.id not in taken:
@@ -197,14 +209,20 @@ def _take(
         attempt = row.attempts + 1
         emit(Transition(row.id, row.key, row.provider, Status.DISPATCHED, Status.SENDING, attempt))
         envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
-        sends.append((in_flight(service, row, attempt), envelope, r))
+        start_by = lasts - settings.providers[row.provider].timeouts.total
+        sends.append((in_flight(service, row, attempt), envelope, r, start_by))
     return sends
 
 
-def _send_call(service: Service, send: tuple[Sending, Envelope, _Ready]) -> Callable[[], _Sent]:
-    msg, envelope, ready = send
+def _send_call(
+    service: Service, send: tuple[Sending, Envelope, _Ready, float]
+) -> Callable[[], _Sent]:
+    msg, envelope, ready, start_by = send
 
     def call() -> _Sent:
+        if time.monotonic() > start_by:  # could outlast its lease: not made (see step 4)
+            service.breaker(msg.provider).release(ready.permit)
+            return _Sent(msg, None, 0.0)
         started = time.perf_counter()
         outcome = calls.send(service.provider(msg.provider), envelope)
         latency = (time.perf_counter() - started) * 1000.0
@@ -226,18 +244,14 @@ def _settle(service: Service, sent: Sequence[_Sent]) -> dict[int, Result]:
     """Delivered messages: attempt rows and ``sent`` in one transaction; the others one by
     one through ``settle.after_send``."""
     results: dict[int, Result] = {}
-    delivered = [s for s in sent if isinstance(s.outcome, outcomes.Delivered)]
-    if delivered:
+    accepted = [(s, s.outcome) for s in sent if isinstance(s.outcome, outcomes.Delivered)]
+    if accepted:
         with service.engine.begin() as conn:
-            log_attempts(
-                conn, [attempt_row(s.msg, "send", s.outcome, s.latency) for s in delivered]
-            )
+            log_attempts(conn, [attempt_row(s.msg, "send", o, s.latency) for s, o in accepted])
             moved = finish_sent_many(
-                conn,
-                [(s.msg, getattr(s.outcome, "provider_ref", None)) for s in delivered],
-                sql_now(conn),
+                conn, [(s.msg, o.provider_ref) for s, o in accepted], sql_now(conn)
             )
-        for s in delivered:
+        for s, _ in accepted:
             msg = s.msg
             if msg.id not in moved:
                 results[msg.id] = _CHANGED
@@ -256,8 +270,45 @@ def _settle(service: Service, sent: Sequence[_Sent]) -> dict[int, Result]:
             )
             results[msg.id] = Result(Action.DONE, Status.SENT)
     for s in sent:
-        if not isinstance(s.outcome, outcomes.Delivered):
+        if s.outcome is None:
+            results[s.msg.id] = _give_back(service, s.msg)
+        elif not isinstance(s.outcome, outcomes.Delivered):
             # after_send measures from ``started``: the call's own time, not the batch's.
             started = time.perf_counter() - s.latency / 1000.0
             results[s.msg.id] = after_send(service, s.msg, s.outcome, started)
     return results
+
+
+def _give_back(service: Service, msg: Sending) -> Result:
+    """A taken row whose send was not made: back to ``pending``, due now, its attempt given
+    back (fenced on this attempt: a row the sweeper already moved is left alone)."""
+    reason = "the send could not start in time to finish within its lease; not made"
+    with service.engine.begin() as conn:
+        done = move(
+            conn,
+            msg.id,
+            msg.attempt,
+            Status.SENDING,
+            Status.PENDING,
+            attempts=msg.attempt - 1,
+            lease_expires_at=None,
+            next_attempt_at=sql_now(conn),
+            last_error_code=SEND_LATE,
+            last_error=reason,
+        )
+    if not done:
+        return _CHANGED
+    emit(
+        Transition(
+            msg.id,
+            msg.key,
+            msg.provider,
+            Status.SENDING,
+            Status.PENDING,
+            msg.attempt - 1,
+            "send_late",
+            SEND_LATE,
+            0.0,
+        )
+    )
+    return Result(Action.PARKED, Status.PENDING, 0.0, SEND_LATE, reason)
