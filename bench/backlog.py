@@ -8,11 +8,12 @@ On a private cluster (``tests/chaos_cluster.py``) with the default settings (``D
 ``tests/recovery.py``) and one worker of 8 threads against a provider answering in
 ``--latency-ms``: ``--n`` messages are enqueued for an hour later, then made due in one
 UPDATE, and the run waits until every one is sent and the broker queue is empty. A message
-merely waiting in a long backlog must not be published twice: the target is deliver tasks
-received by the worker <= 1.1x messages (each published task is received once: nothing is
-killed here). Also counted: rows the sweeper put back to pending (``requeued``: a task taken
-for lost), tasks that found nothing to do (``skipped``), and the most rows ``dispatched`` at
-once (what back-pressure let out of the outbox).
+merely waiting in a long backlog must not be published twice: the target is messages carried
+by the deliver tasks the worker received (one per ``delivery.deliver``, the count of each
+``delivery.deliver_batch`` from its result) <= 1.1x messages (each published task is received
+once: nothing is killed here). Also counted: rows the sweeper put back to pending
+(``requeued``: a task taken for lost), tasks that found nothing to do (``skipped``), and the
+most rows ``dispatched`` at once (what back-pressure let out of the outbox).
 
 ``--baseline DIR`` runs the same scenario first with the worker and beat of an older tree
 (``git archive 946b8ff | tar -x -C DIR``), with the same settings (so a 10 s dispatch lease
@@ -39,7 +40,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from tests import chaos_cluster, recovery  # noqa: E402
-from tests.chaos import Report, Run, all_sent  # noqa: E402
+from tests.chaos import BATCH_DONE, Report, Run, all_sent  # noqa: E402
 from tests.chaos_cluster import Cluster, Feeder  # noqa: E402
 
 #: The target: deliver tasks published (received) per message.
@@ -83,12 +84,19 @@ def backlog(cluster: Cluster, n: int, broker: str, latency_ms: int) -> Report:
         time.sleep(3.0)  # the last tasks' log lines
         done.set()
         logs = pipe.logs_text()
-        received = len(re.findall(r"Task delivery\.deliver\[[^\]]+\] received", logs))
+        alone = len(re.findall(r"Task delivery\.deliver\[[^\]]+\] received", logs))
         skipped = len(re.findall(r"succeeded in [0-9.e-]+s: 'skipped", logs))
+        # A batch task's result counts its messages by answer ("48 sent, 2 skipped").
+        batches = re.findall(BATCH_DONE, logs)
+        in_batches = sum(int(x) for b in batches for x in re.findall(r"\d+", b))
+        skipped += sum(int(x) for b in batches for x in re.findall(r"(\d+) skipped", b))
+        received = alone + in_batches
         requeued = sum(int(x) for x in re.findall(r"'requeued': (\d+)", logs))
         ratio = received / n
         report.figures.update(
             received=received,
+            alone=alone,
+            batch_tasks=len(batches),
             per_message=round(ratio, 3),
             requeued=requeued,
             skipped=skipped,
@@ -137,15 +145,16 @@ def main(argv: list[str] | None = None) -> int:
             f = report.figures
             failed |= label == "after" and not report.ok
             rows.append(
-                f"| {label} | {broker} | {args.n} | {f['received']} | {f['per_message']} | "
+                f"| {label} | {broker} | {args.n} | {f['received']} ({f['alone']} alone, "
+                f"{f['batch_tasks']} batches) | {f['per_message']} | "
                 f"{f['requeued']} | {f['skipped']} | {f['peak_dispatched']} | {f['drain_s']} | "
                 f"{f['msg_per_s']} | {report.lost} | {report.duplicates} | "
                 f"{before} -> {_load()} |"
             )
     print(
-        "| code | broker | messages | deliver tasks | per message | requeued by sweeper | "
-        "skipped | peak dispatched | drain (s) | msg/s | lost | duplicate effects | "
-        "load average (before -> after) |"
+        "| code | broker | messages | messages in deliver tasks | per message | "
+        "requeued by sweeper | skipped | peak dispatched | drain (s) | msg/s | lost | "
+        "duplicate effects | load average (before -> after) |"
     )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
     print("\n".join(rows))

@@ -33,7 +33,7 @@ from delivery.pipeline.models import utcnow
 from delivery.pipeline.status import FINAL
 from tests.chaos_cluster import ChaosConfig, Cluster, Feeder, Pipeline, overrides, wait_until
 
-__all__ = ["SCENARIOS", "Report", "Scenario"]
+__all__ = ["BATCH_DONE", "SCENARIOS", "Report", "Scenario"]
 
 DRAIN_TIMEOUT = 180.0
 # Fewer worker threads and a slower provider: tasks queue up in the broker, so that losing
@@ -187,7 +187,7 @@ def _in_flight(cluster: Cluster, since: dt.datetime) -> int:
     return int(cluster.scalar(sql, t=since) or 0)
 
 
-_BATCH_DONE = r"delivery\.deliver_batch\[[^\]]*\] succeeded in [\d.]+s: '([^']*)'"
+BATCH_DONE = r"delivery\.deliver_batch\[[^\]]*\] succeeded in [\d.]+s: '([^']*)'"
 
 
 def _log_sum(pipe: Pipeline, pattern: str) -> int:
@@ -217,7 +217,7 @@ def _pipeline_figures(run: Run) -> None:
     report.check(not twice, f"{len(twice)} messages accepted twice: {dict(twice[:5])}")
     report.figures["requeued_by_sweeper"] = _log_sum(run.pipe, r"'requeued': (\d+)")
     # A batch task's result counts its messages by answer ("48 sent, 2 retried").
-    batches = re.findall(_BATCH_DONE, run.pipe.logs_text())
+    batches = re.findall(BATCH_DONE, run.pipe.logs_text())
     report.figures["batch_tasks"] = len(batches)
     report.figures["in_batches"] = sum(int(n) for b in batches for n in re.findall(r"\d+", b))
 
