@@ -16,7 +16,7 @@ import phonenumbers
 from email_validator import EmailNotValidError, validate_email
 
 from delivery.errors import InvalidMessage
-from delivery.pipeline import bounds
+from delivery.pipeline import bounds, phone
 
 __all__ = ["canonical_json", "check_key", "check_recipient", "check_send_at", "payload_hash"]
 
@@ -73,6 +73,8 @@ def check_recipient(channel: str, to: Any) -> str:
     if not isinstance(to, str) or not to.strip():
         raise InvalidMessage("to", "must be a non-empty string")
     if channel == "sms":
+        if phone.accepts(to):  # already E.164 and valid: no parsing needed
+            return to
         try:
             number = phonenumbers.parse(to, None)
         except phonenumbers.NumberParseException as exc:
