@@ -30,6 +30,7 @@ from sqlalchemy.orm import Session
 
 from delivery.config.settings import Settings
 from delivery.errors import IdempotencyConflict, InvalidMessage
+from delivery.pipeline.insert import COLUMNS as _COLUMNS
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.outbox import EnqueueArgs, nudge_later, row_values
 from delivery.runtime.current import get_settings
@@ -67,7 +68,7 @@ def _row(settings: Settings, index: int, spec: Mapping[str, Any]) -> dict[str, A
         if required not in spec:
             raise InvalidMessage(f"messages[{index}].{required}", "is required")
     try:
-        return row_values(settings, **spec)
+        return row_values(settings, spec)
     except InvalidMessage as exc:
         raise InvalidMessage(f"messages[{index}].{exc.field}", exc.problem) from None
 
@@ -121,28 +122,6 @@ def _insert(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
         .returning(messages_table.c.key, messages_table.c.id)
     )
     return {key: message_id for key, message_id in session.execute(stmt)}
-
-
-#: The columns ``outbox.row_values`` fills, in the order of the INSERT.
-_COLUMNS = (
-    "key",
-    "channel",
-    "provider",
-    "recipient",
-    "payload",
-    "payload_hash",
-    "on_unknown",
-    "status",
-    "attempts",
-    "max_attempts",
-    "needs_lookup",
-    "next_attempt_at",
-    "message_type",
-    "priority",
-    "expires_at",
-    "created_at",
-    "updated_at",
-)
 
 
 @functools.cache
