@@ -16,21 +16,17 @@ commit the nudge publishes the first due messages at once (as batches); the rela
 
 from __future__ import annotations
 
-import functools
 import itertools
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, func, select
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from delivery.config.settings import Settings
 from delivery.errors import IdempotencyConflict, InvalidMessage
-from delivery.pipeline.insert import COLUMNS as _COLUMNS
+from delivery.pipeline.insert import insert_chunk
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.outbox import EnqueueArgs, nudge_later, row_values
 from delivery.runtime.current import get_settings
@@ -88,7 +84,7 @@ def enqueue_many(
     with session.begin_nested():  # rolled back, and the error raised, on any failure
         for chunk in _chunks(messages):
             rows = [_row(settings, index, spec) for index, spec in chunk]
-            new = _insert(session, rows)
+            new = insert_chunk(session, rows)
             created += len(new)
             existing += len(rows) - len(new)
             _check_conflicts(session, rows, new)
@@ -101,47 +97,6 @@ def enqueue_many(
                 due_ids = due_ids[:NUDGE_IDS]
     nudge_later(session, due_ids)
     return Enqueued(created, existing)
-
-
-def _insert(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
-    """Insert ``rows`` in one statement; the new ones' key -> id (a key already in the
-    outbox, or earlier in ``rows``, is not among them)."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        # One array per column: one small cached statement whatever the chunk's length.
-        arrays = {f"a_{name}": [row[name] for row in rows] for name in _COLUMNS}
-        arrays["a_payload"] = [json.dumps(payload) for payload in arrays["a_payload"]]
-        found = session.execute(_pg_insert(), arrays)
-        return {key: message_id for key, message_id in found}
-    if dialect != "sqlite":  # pragma: no cover - other databases are not supported
-        raise NotImplementedError(f"enqueue_many does not support {dialect}")
-    stmt = (
-        sqlite.insert(messages_table)
-        .values(rows)
-        .on_conflict_do_nothing(index_elements=["key"])
-        .returning(messages_table.c.key, messages_table.c.id)
-    )
-    return {key: message_id for key, message_id in session.execute(stmt)}
-
-
-@functools.cache
-def _pg_insert() -> Any:
-    """``INSERT .. SELECT * FROM unnest(:a_key, ...) ON CONFLICT (key) DO NOTHING RETURNING``."""
-    m = messages_table.c
-    kinds = {name: m[name].type for name in _COLUMNS}
-    kinds["payload"] = Text()  # sent as JSON text, cast back below
-    arrays = [bindparam(f"a_{name}", type_=ARRAY(kinds[name])) for name in _COLUMNS]
-    source = func.unnest(*arrays).table_valued(*_COLUMNS).render_derived(name="v")
-    picked = [
-        cast(source.c[name], m[name].type) if name == "payload" else source.c[name]
-        for name in _COLUMNS
-    ]
-    return (
-        postgresql.insert(messages_table)
-        .from_select(list(_COLUMNS), select(*picked))
-        .on_conflict_do_nothing(index_elements=["key"])
-        .returning(m.key, m.id)
-    )
 
 
 def _check_conflicts(session: Session, rows: list[dict[str, Any]], new: dict[str, int]) -> None:

@@ -1,12 +1,14 @@
-"""``insert_one``: one validated row (``outbox.row_values``) into the caller's transaction.
+"""The outbox's INSERTs of validated rows (``outbox.row_values``), in the caller's transaction:
+``insert_one`` for ``enqueue``, ``insert_chunk`` for ``enqueue_many``.
 
-One statement, ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING id``, so that a repeated key
-never breaks the caller's transaction. On PostgreSQL through psycopg its text is built once and
-run on the session's own connection by SQLAlchemy's cursor-level execution: the
+Each is one statement, ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``, so that a repeated
+key never breaks the caller's transaction. On PostgreSQL through psycopg its text is built once
+and run on the session's own connection by SQLAlchemy's cursor-level execution: the
 ``before/after_cursor_execute`` events, echo, ``hide_parameters`` and error wrapping apply as
 for any statement, without compiling or building a result per call; the cursor is kept per
-database connection, and psycopg prepares the statement on the server after a few uses.
-Elsewhere it is a cached Core statement.
+database connection, and psycopg prepares the statement on the server after a few uses. A
+chunk is one array per column, sent in binary (``%b``: psycopg's text arrays quote every
+element in Python) and unnested by the server. Elsewhere they are cached Core statements.
 
 The returned ``Message`` is built the way the ORM builds a loaded one (its state filled with
 the row, its identity key set) and added to the session: nothing to flush, nothing to load.
@@ -16,15 +18,17 @@ from __future__ import annotations
 
 import functools
 import json
+from collections.abc import Callable
 from typing import Any
 
-from sqlalchemy import Connection, select
+from sqlalchemy import Connection, String, Text, bindparam, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, class_mapper, make_transient_to_detached
 
 from delivery.pipeline.models import Message, messages_table
 
-__all__ = ["COLUMNS", "insert_one"]
+__all__ = ["COLUMNS", "insert_chunk", "insert_one"]
 
 #: The columns ``outbox.row_values`` fills, in the order of the INSERTs.
 COLUMNS = (
@@ -58,8 +62,8 @@ _NEW_ROW = dict(
 )
 _PAYLOAD = COLUMNS.index("payload")
 _PG_INSERT = (
-    f"INSERT INTO {messages_table.name} ({', '.join(COLUMNS)}) "
-    f"VALUES ({', '.join(['%s'] * len(COLUMNS))}) "
+    f"INSERT INTO {messages_table.name} ({', '.join(COLUMNS)}, budget_start) "
+    f"VALUES ({', '.join(['%s'] * len(COLUMNS))}, 0) "
     "ON CONFLICT (key) DO NOTHING RETURNING id"
 )
 _CURSOR = "delivery.insert_one.cursor"
@@ -70,8 +74,13 @@ def insert_one(session: Session, values: dict[str, Any]) -> Message | None:
     if its key exists."""
     conn = session.connection(bind_arguments={"mapper": Message})
     dialect = conn.dialect
-    if dialect.name == "postgresql" and dialect.driver == "psycopg":
-        new_id = _execute_pg(conn, values)
+    if _psycopg(conn):
+        params = [values[name] for name in COLUMNS]
+        params[_PAYLOAD] = _serializer(conn)(params[_PAYLOAD])
+        cursor = _cursor(conn)
+        conn._cursor_execute(cursor, _PG_INSERT, params)
+        row = cursor.fetchone()
+        new_id = None if row is None else row[0]
     elif dialect.name in ("postgresql", "sqlite"):
         new_id = conn.execute(_core_statement(dialect.name), values).scalar()
     else:  # pragma: no cover - look first, then add
@@ -93,14 +102,42 @@ def insert_one(session: Session, values: dict[str, Any]) -> Message | None:
     return message
 
 
-def _execute_pg(conn: Connection, values: dict[str, Any]) -> int | None:
-    params = [values[name] for name in COLUMNS]
-    serialize = getattr(conn.dialect, "_json_serializer", None) or json.dumps
-    params[_PAYLOAD] = serialize(params[_PAYLOAD])
-    cursor = _cursor(conn)
-    conn._cursor_execute(cursor, _PG_INSERT, params)
-    row = cursor.fetchone()
-    return None if row is None else int(row[0])
+def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
+    """Insert ``rows`` in one statement; the new ones' key -> id (a key already in the
+    outbox, or earlier in ``rows``, is not among them)."""
+    conn = session.connection(bind_arguments={"mapper": Message})
+    dialect = conn.dialect.name
+    if _psycopg(conn):
+        arrays = [[row[name] for row in rows] for name in COLUMNS]
+        serialize = _serializer(conn)
+        arrays[_PAYLOAD] = [serialize(payload) for payload in arrays[_PAYLOAD]]
+        cursor = _cursor(conn)
+        conn._cursor_execute(cursor, _pg_chunk(), arrays)
+        return dict(cursor.fetchall())
+    if dialect == "postgresql":  # another driver: the same statement, built by SQLAlchemy
+        named = {f"a_{name}": [row[name] for row in rows] for name in COLUMNS}
+        named["a_payload"] = [_serializer(conn)(payload) for payload in named["a_payload"]]
+        return {key: message_id for key, message_id in conn.execute(_core_chunk(), named)}
+    if dialect != "sqlite":  # pragma: no cover - other databases are not supported
+        raise NotImplementedError(f"enqueue_many does not support {dialect}")
+    stmt = (
+        sqlite.insert(messages_table)
+        .values(rows)
+        .on_conflict_do_nothing(index_elements=["key"])
+        .returning(messages_table.c.key, messages_table.c.id)
+    )
+    return {key: message_id for key, message_id in conn.execute(stmt)}
+
+
+def _psycopg(conn: Connection) -> bool:
+    return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
+
+
+def _serializer(conn: Connection) -> Callable[[Any], str]:
+    """The engine's JSON serializer (``create_engine(json_serializer=...)``), as the JSON
+    column would use it."""
+    serialize: Callable[[Any], str] = getattr(conn.dialect, "_json_serializer", None) or json.dumps
+    return serialize
 
 
 def _cursor(conn: Connection) -> Any:
@@ -114,6 +151,46 @@ def _cursor(conn: Connection) -> Any:
     cursor = proxied.cursor()
     proxied.info[_CURSOR] = (dbapi, cursor)
     return cursor
+
+
+@functools.cache
+def _pg_chunk() -> str:
+    """``INSERT .. SELECT .. FROM unnest(%b::type[], ..) ON CONFLICT (key) DO NOTHING
+    RETURNING key, id``, the types those of the model's columns (the payload sent as text,
+    cast to JSON); ``budget_start`` is 0 as in a new row."""
+    dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
+    columns = [messages_table.c[name] for name in COLUMNS]
+    kinds = [  # strings unbounded: the INSERT checks lengths (a cast would cut them)
+        "TEXT" if isinstance(c.type, String) or c.name == "payload" else c.type.compile(dialect)
+        for c in columns
+    ]
+    names = ", ".join(COLUMNS)
+    picked = ", ".join(f"v.{name}::JSON" if name == "payload" else f"v.{name}" for name in COLUMNS)
+    arrays = ", ".join(f"%b::{kind}[]" for kind in kinds)
+    return (
+        f"INSERT INTO {messages_table.name} ({names}, budget_start) SELECT {picked}, 0 "
+        f"FROM unnest({arrays}) AS v({names}) ON CONFLICT (key) DO NOTHING RETURNING key, id"
+    )
+
+
+@functools.cache
+def _core_chunk() -> Any:
+    """``_pg_chunk`` built by SQLAlchemy, for a PostgreSQL driver other than psycopg."""
+    m = messages_table.c
+    kinds = {name: m[name].type for name in COLUMNS}
+    kinds["payload"] = Text()  # sent as JSON text, cast back below
+    arrays = [bindparam(f"a_{name}", type_=ARRAY(kinds[name])) for name in COLUMNS]
+    source = func.unnest(*arrays).table_valued(*COLUMNS).render_derived(name="v")
+    picked = [
+        cast(source.c[name], m[name].type) if name == "payload" else source.c[name]
+        for name in COLUMNS
+    ]
+    return (
+        postgresql.insert(messages_table)
+        .from_select(list(COLUMNS), select(*picked))
+        .on_conflict_do_nothing(index_elements=["key"])
+        .returning(m.key, m.id)
+    )
 
 
 @functools.cache

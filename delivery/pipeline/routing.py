@@ -60,27 +60,21 @@ def route(
         max_attempts is None or max_attempts.__class__ is int
     )
     if not cacheable:
-        return _resolve(settings, *args)
+        return _resolve(settings, args)
     owner, routes = _cache
     if owner is not settings:
         routes = {}
         _cache = (settings, routes)
     found = routes.get(args)
     if found is None:
-        found = _resolve(settings, *args)
+        found = _resolve(settings, args)
         if len(routes) < _MAX_ROUTES:
             routes[args] = found
     return found
 
 
-def _resolve(
-    settings: Settings,
-    type: Any,
-    channel: Any,
-    provider: Any,
-    on_unknown: Any,
-    max_attempts: Any,
-) -> Route:
+def _resolve(settings: Settings, args: tuple[Any, ...]) -> Route:
+    type, channel, provider, on_unknown, max_attempts = args
     kind = None
     if type is not None:
         kind = settings.types.get(type) if isinstance(type, str) else None

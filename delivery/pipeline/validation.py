@@ -33,12 +33,15 @@ MAX_KEY_LENGTH = 255
 _BODY_FIELDS = {"sms": ("body",), "email": ("body", "html", "text", "template")}
 
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: Any) -> str:
     """One spelling per value: sorted keys, no spaces, no NaN. Raises InvalidMessage."""
     try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        return _CANONICAL.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidMessage("payload", f"is not JSON-serialisable: {exc}") from None
 
