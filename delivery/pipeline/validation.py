@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,7 +60,13 @@ def payload_digest(channel: str, to: str, payload_json: str) -> str:
     return hashlib.sha256(document.encode()).hexdigest()
 
 
+#: A key every check below accepts: printable ASCII, no space at either end, within the limit.
+_PLAIN_KEY = re.compile(rf"[!-~](?:[ -~]{{0,{MAX_KEY_LENGTH - 2}}}[!-~])?")
+
+
 def check_key(key: Any) -> str:
+    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+        return key
     if not isinstance(key, str) or not key:
         raise InvalidMessage("key", "must be a non-empty string")
     if len(key) > MAX_KEY_LENGTH:
