@@ -1,9 +1,12 @@
 """``enqueue_many``: a campaign's messages in the caller's transaction, one statement per chunk.
 
 Each message is validated exactly as ``enqueue`` validates it (``outbox.row_values``), then
-written ``CHUNK`` at a time with one ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``.
-The messages are read from the iterable as they are written: 100,000 of them never exist at
-once as ORM objects (or as rows in memory beyond one chunk).
+written ``CHUNK`` at a time with one ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``
+(``insert.send_chunk``). The messages are read from the iterable as they are written: 100,000
+of them never exist at once as ORM objects (or as rows in memory beyond two chunks). On
+PostgreSQL through psycopg the next chunk is validated while the database inserts the one
+before (``insert.overlapped``: pipeline mode, only pure Python inside; the caller's iterable
+is read outside it, so a generator that queries the database is fine).
 
 The semantics are ``enqueue``'s, message by message: a key already in the outbox with the
 same payload is that message (not written again); with another payload, or the same key
@@ -26,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from delivery.config.settings import Settings
 from delivery.errors import IdempotencyConflict, InvalidMessage
-from delivery.pipeline.insert import insert_chunk
+from delivery.pipeline.insert import overlapped, send_chunk
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.outbox import EnqueueArgs, nudge_later, row_values
 from delivery.runtime.current import get_settings
@@ -37,6 +40,7 @@ __all__ = ["CHUNK", "Enqueued", "enqueue_many"]
 CHUNK = 1000
 #: At most this many new message ids are kept for the post-commit nudge.
 NUDGE_IDS = 500
+_ARGUMENTS = frozenset(EnqueueArgs.__annotations__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,7 +61,7 @@ def _chunks(messages: Iterable[Mapping[str, Any]]) -> Iterator[list[tuple[int, M
 def _row(settings: Settings, index: int, spec: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(spec, Mapping):
         raise InvalidMessage(f"messages[{index}]", f"must be a mapping, not {type(spec).__name__}")
-    unknown = sorted(set(spec) - set(EnqueueArgs.__annotations__))
+    unknown = sorted(spec.keys() - _ARGUMENTS)
     if unknown:
         raise InvalidMessage(f"messages[{index}].{unknown[0]}", "not an argument of enqueue")
     for required in ("to", "payload"):
@@ -82,9 +86,14 @@ def enqueue_many(
     created = existing = 0
     due_ids: list[int] = []
     with session.begin_nested():  # rolled back, and the error raised, on any failure
-        for chunk in _chunks(messages):
-            rows = [_row(settings, index, spec) for index, spec in chunk]
-            new = insert_chunk(session, rows)
+        chunks = _chunks(messages)
+        rows = _rows(settings, next(chunks, []))
+        while rows:
+            upcoming = next(chunks, [])  # read from the caller's iterable between statements
+            with overlapped(session):
+                answer = send_chunk(session, rows)
+                later = _rows(settings, upcoming)  # while the database inserts ``rows``
+            new = answer()
             created += len(new)
             existing += len(rows) - len(new)
             _check_conflicts(session, rows, new)
@@ -95,8 +104,13 @@ def enqueue_many(
                     if r["key"] in new and r["next_attempt_at"] <= r["created_at"]
                 )
                 due_ids = due_ids[:NUDGE_IDS]
+            rows = later
     nudge_later(session, due_ids)
     return Enqueued(created, existing)
+
+
+def _rows(settings: Settings, chunk: list[tuple[int, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    return [_row(settings, index, spec) for index, spec in chunk]
 
 
 def _check_conflicts(session: Session, rows: list[dict[str, Any]], new: dict[str, int]) -> None:

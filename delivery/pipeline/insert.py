@@ -16,11 +16,13 @@ the row, its identity key set) and added to the session: nothing to flush, nothi
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
+import psycopg
 from sqlalchemy import Connection, String, Text, bindparam, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
@@ -28,7 +30,7 @@ from sqlalchemy.orm import Session, class_mapper, make_transient_to_detached
 
 from delivery.pipeline.models import Message, messages_table
 
-__all__ = ["COLUMNS", "insert_chunk", "insert_one"]
+__all__ = ["COLUMNS", "insert_chunk", "insert_one", "overlapped", "send_chunk"]
 
 #: The columns ``outbox.row_values`` fills, in the order of the INSERTs.
 COLUMNS = (
@@ -105,19 +107,31 @@ def insert_one(session: Session, values: dict[str, Any]) -> Message | None:
 def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
     """Insert ``rows`` in one statement; the new ones' key -> id (a key already in the
     outbox, or earlier in ``rows``, is not among them)."""
+    return send_chunk(session, rows)()
+
+
+def send_chunk(session: Session, rows: list[dict[str, Any]]) -> Callable[[], dict[str, int]]:
+    """Send ``insert_chunk``'s statement; the function returned reads its answer. Inside
+    ``overlapped`` the database runs the statement while the caller goes on until then."""
     conn = session.connection(bind_arguments={"mapper": Message})
     dialect = conn.dialect.name
     if _psycopg(conn):
         arrays = [[row[name] for row in rows] for name in COLUMNS]
         serialize = _serializer(conn)
         arrays[_PAYLOAD] = [serialize(payload) for payload in arrays[_PAYLOAD]]
-        cursor = _cursor(conn)
+        cursor: Any = conn.connection.cursor()  # its own: the answer is read later
         conn._cursor_execute(cursor, _pg_chunk(), arrays)
-        return dict(cursor.fetchall())
+
+        def answer() -> dict[str, int]:
+            with cursor:
+                return dict(cursor.fetchall())
+
+        return answer
     if dialect == "postgresql":  # another driver: the same statement, built by SQLAlchemy
         named = {f"a_{name}": [row[name] for row in rows] for name in COLUMNS}
         named["a_payload"] = [_serializer(conn)(payload) for payload in named["a_payload"]]
-        return {key: message_id for key, message_id in conn.execute(_core_chunk(), named)}
+        found = {key: message_id for key, message_id in conn.execute(_core_chunk(), named)}
+        return lambda: found
     if dialect != "sqlite":  # pragma: no cover - other databases are not supported
         raise NotImplementedError(f"enqueue_many does not support {dialect}")
     stmt = (
@@ -126,7 +140,22 @@ def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]
         .on_conflict_do_nothing(index_elements=["key"])
         .returning(messages_table.c.key, messages_table.c.id)
     )
-    return {key: message_id for key, message_id in conn.execute(stmt)}
+    found = {key: message_id for key, message_id in conn.execute(stmt)}
+    return lambda: found
+
+
+@contextlib.contextmanager
+def overlapped(session: Session) -> Iterator[None]:
+    """psycopg's pipeline mode on the session's connection (PostgreSQL through psycopg with
+    libpq >= 14; elsewhere nothing): a statement ``send_chunk`` sends inside runs on the server
+    while Python goes on; leaving waits for it. Run only pure Python inside (no other SQL)."""
+    conn = session.connection(bind_arguments={"mapper": Message})
+    if not _psycopg(conn) or not psycopg.Pipeline.is_supported():
+        yield
+        return
+    dbapi: Any = conn.connection.dbapi_connection
+    with dbapi.pipeline():
+        yield
 
 
 def _psycopg(conn: Connection) -> bool:

@@ -25,6 +25,7 @@ their mutations.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import phonenumbers
@@ -71,10 +72,17 @@ class _Region:
     leading_digits: re.Pattern[str] | None
     general: _Desc | None  # None: the library finds no number valid here
     types: tuple[_Desc, ...]
+    #: Per length the general description allows: the patterns of the types that allow it as
+    #: one alternation (a full match of it is a full match of one of them), None if none do.
+    by_length: dict[int, re.Pattern[str] | None]
 
     def valid(self, national: str) -> bool:
         if self.general is None or not self.general.matches(national):
             return False
+        size = len(national)
+        if size in self.by_length:
+            pattern = self.by_length[size]
+            return pattern is not None and pattern.fullmatch(national) is not None
         return any(desc.matches(national) for desc in self.types)
 
 
@@ -142,16 +150,27 @@ def _build(code: int) -> _Code | None:
         ):
             return None  # not a case the metadata has: leave it to the library
         leading = metadata.leading_digits
+        general = _desc(metadata.general_desc)
+        types = tuple(
+            d for d in (_desc(getattr(metadata, name)) for name in _TYPES) if d is not None
+        )
         built.append(
             _Region(
                 leading_digits=re.compile(leading) if leading is not None else None,
-                general=_desc(metadata.general_desc),
-                types=tuple(
-                    d for d in (_desc(getattr(metadata, name)) for name in _TYPES) if d is not None
-                ),
+                general=general,
+                types=types,
+                by_length={
+                    size: _either(d for d in types if d.lengths is None or size in d.lengths)
+                    for size in (general.lengths or () if general is not None else ())
+                },
             )
         )
     return _Code(re.compile(prefix) if prefix else None, tuple(built))
+
+
+def _either(descs: Iterable[_Desc]) -> re.Pattern[str] | None:
+    patterns = [f"(?:{desc.pattern.pattern})" for desc in descs]
+    return re.compile("|".join(patterns)) if patterns else None
 
 
 def _desc(desc: PhoneNumberDesc | None) -> _Desc | None:
