@@ -13,6 +13,8 @@ from typing import Any
 import pytest
 
 from delivery import InvalidMessage
+from delivery.config.settings import ChannelConfig, ProviderConfig, Settings, Timeouts
+from delivery.pipeline.routing import route
 from delivery.pipeline.validation import (
     MAX_KEY_LENGTH,
     check_key,
@@ -74,3 +76,23 @@ def test_payload_digest_is_the_hash_of_the_whole_canonical_document(payload: Any
     assert payload_hash("sms", "+12015550123", payload) == expected
     _, payload_json = checked_payload("webhook", payload, 65536)
     assert payload_digest("sms", "+12015550123", payload_json) == expected
+
+
+def test_a_route_is_kept_per_settings_object_and_per_arguments() -> None:
+    """route() answers from its cache only for the same settings object and the same routing
+    arguments: other settings, or other arguments, are resolved again."""
+    settings = Settings(
+        database_url="sqlite://",
+        broker_url="memory://",
+        providers={"a": ProviderConfig("a", "http", "http://a", Timeouts())},
+        channels={"sms": ChannelConfig("sms", "a")},
+    )
+    spec = {"channel": "sms", "to": "+12015550123", "payload": {"body": "x"}}
+    first = route(settings, spec)
+    assert route(settings, dict(spec)) is first
+    assert route(settings, {**spec, "max_attempts": 3}).max_attempts == 3
+    assert route(settings.with_(max_attempts=5), spec).max_attempts == 5
+    assert route(settings, spec).max_attempts == settings.max_attempts
+    with pytest.raises(InvalidMessage) as error:
+        route(settings, {**spec, "max_attempts": True})  # bool is not an int here
+    assert error.value.field == "max_attempts"

@@ -121,14 +121,7 @@ def row_values(settings: Settings, spec: Mapping[str, Any]) -> dict[str, Any]:
     present), as ``enqueue`` does (``InvalidMessage`` naming the field) and return its row:
     every column ``insert_one`` writes, the key minted if none was given."""
     get = spec.get
-    where = route(
-        settings,
-        get("type"),
-        get("channel"),
-        get("provider"),
-        get("on_unknown"),
-        get("max_attempts"),
-    )
+    where = route(settings, spec)
     channel = where.channel
     recipient = check_recipient(channel, spec["to"])
     if where.check_recipient is not None:

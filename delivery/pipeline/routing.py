@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -44,20 +44,15 @@ class Route:
 _cache: tuple[Settings | None, dict[tuple[Any, ...], Route]] = (None, {})
 
 
-def route(
-    settings: Settings,
-    type: Any,
-    channel: Any,
-    provider: Any,
-    on_unknown: Any,
-    max_attempts: Any,
-) -> Route:
-    """The route of a message with these arguments; ``InvalidMessage`` naming the first bad
-    one, checked in this order: type, channel, provider, on_unknown, max_attempts."""
+def route(settings: Settings, spec: Mapping[str, Any]) -> Route:
+    """The route of a message given as ``enqueue``'s keyword arguments; ``InvalidMessage``
+    naming the first bad one, checked in this order: type, channel, provider, on_unknown,
+    max_attempts."""
     global _cache
-    args = (type, channel, provider, on_unknown, max_attempts)
+    get = spec.get
+    args = (get("type"), get("channel"), get("provider"), get("on_unknown"), get("max_attempts"))
     cacheable = all(a is None or a.__class__ is str for a in args[:4]) and (
-        max_attempts is None or max_attempts.__class__ is int
+        args[4] is None or args[4].__class__ is int
     )
     if not cacheable:
         return _resolve(settings, args)
