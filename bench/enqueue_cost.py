@@ -203,13 +203,14 @@ def main() -> None:
             "statements_during_commit": nudge_statements,
             "transactions_per_kind": len(times["plain"]),
         }
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
         rows = [
             row(
                 "enqueue: extra time in a one-row business transaction (nudge off)",
                 1 + extra,
                 "<= 1.30x",
                 extra <= 0.30,
-                f"{med['enqueue'] * 1000:.3f} ms per transaction",
+                f"{med['enqueue'] * 1000:.3f} ms per transaction (load {load})",
                 f"{med['plain'] * 1000:.3f} ms without enqueue",
             ),
             row(
@@ -242,9 +243,9 @@ def main() -> None:
                 f"{med['plain'] * 1000:.3f} ms without enqueue",
             )
         )
-        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
         big = campaign(engine, args.campaign)  # first: its peak RSS is not hidden by the loop's
         rates = many_rates(engine, args.many)
+        load = " ".join(f"{x:.2f}" for x in os.getloadavg())
         outbox.set_nudge(nudge)
         figures.update(enqueue_many=rates, campaign=big)
         ratio = rates["many"] / rates["loop"]

@@ -62,8 +62,9 @@ def _count(engine: Engine) -> int:
 
 @pytest.mark.integration
 def test_one_insert_per_chunk_read_lazily(clean: Engine, inserts: Inserts) -> None:
-    """2,500 messages are three INSERT statements, and the iterable is read one chunk ahead
-    of the writes at most (never whole)."""
+    """2,500 messages are three INSERT statements, and the iterable is read at most two chunks
+    ahead of the writes (the chunk being inserted and the next, validated meanwhile; never
+    whole)."""
     pulled: list[int] = []
     at_first_insert: list[int] = []
 
@@ -78,7 +79,7 @@ def test_one_insert_per_chunk_read_lazily(clean: Engine, inserts: Inserts) -> No
         done = delivery.enqueue_many(session, messages())
     assert done == delivery.Enqueued(created=2500, existing=0)
     assert inserts.count == 3
-    assert at_first_insert and at_first_insert[0] <= bulk.CHUNK + 1
+    assert at_first_insert and at_first_insert[0] <= 2 * bulk.CHUNK + 1
     assert _count(clean) == 2500
 
 
@@ -130,18 +131,36 @@ def test_a_conflict_names_the_key_and_writes_nothing(clean: Engine) -> None:
 def test_bad_input_names_the_message_and_field_and_writes_nothing(
     clean: Engine, bad: dict[str, Any], field: str
 ) -> None:
-    """A bad message after a whole chunk was written raises InvalidMessage naming its place
-    and field; the chunk already written is rolled back with it."""
+    """A bad message after a whole chunk was written (or was being written while the next
+    was validated) raises InvalidMessage naming its place and field; the chunk already written
+    is rolled back with it, and the caller's transaction goes on."""
     messages = [spec(i) for i in range(1300)]
     messages[1200] = {**messages[1200], **bad}
-    with (
-        Session(clean) as session,
-        session.begin(),
-        pytest.raises(delivery.InvalidMessage) as raised,
-    ):
-        delivery.enqueue_many(session, messages)
+    with Session(clean) as session, session.begin():
+        with pytest.raises(delivery.InvalidMessage) as raised:
+            delivery.enqueue_many(session, messages)
+        delivery.enqueue(session, **spec(9999))
     assert raised.value.field == field
-    assert _count(clean) == 0
+    assert _count(clean) == 1
+
+
+@pytest.mark.integration
+def test_messages_may_come_from_a_query_on_the_same_session(clean: Engine) -> None:
+    """A generator that queries the database through the caller's own session while it yields
+    (a campaign streamed from the app's tables) works: the iterable is read between
+    statements, never while one is in flight."""
+    with Session(clean) as session, session.begin():
+
+        def messages() -> Iterator[dict[str, Any]]:
+            for i in range(2500):
+                if i % 700 == 0:  # in the middle of chunks, and at their edges
+                    seen = session.scalar(select(func.count()).select_from(Message))
+                    assert seen is not None and seen <= i
+                yield spec(i)
+
+        done = delivery.enqueue_many(session, messages())
+    assert done == delivery.Enqueued(created=2500, existing=0)
+    assert _count(clean) == 2500
 
 
 def test_enqueue_many_on_the_embedded_sqlite_outbox(session: Session) -> None:

@@ -1,9 +1,12 @@
 """``enqueue_many``: a campaign's messages in the caller's transaction, one statement per chunk.
 
 Each message is validated exactly as ``enqueue`` validates it (``outbox.row_values``), then
-written ``CHUNK`` at a time with one ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``.
-The messages are read from the iterable as they are written: 100,000 of them never exist at
-once as ORM objects (or as rows in memory beyond one chunk).
+written ``CHUNK`` at a time with one ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``
+(``insert.send_chunk``). The messages are read from the iterable as they are written: 100,000
+of them never exist at once as ORM objects (or as rows in memory beyond two chunks). On
+PostgreSQL through psycopg the next chunk is validated while the database inserts the one
+before (``insert.overlapped``: pipeline mode, only pure Python inside; the caller's iterable
+is read outside it, so a generator that queries the database is fine).
 
 The semantics are ``enqueue``'s, message by message: a key already in the outbox with the
 same payload is that message (not written again); with another payload, or the same key
@@ -16,20 +19,17 @@ commit the nudge publishes the first due messages at once (as batches); the rela
 
 from __future__ import annotations
 
-import functools
 import itertools
-import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Text, bindparam, cast, func, select
-from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from delivery.config.settings import Settings
 from delivery.errors import IdempotencyConflict, InvalidMessage
+from delivery.pipeline.insert import overlapped, send_chunk
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.outbox import EnqueueArgs, nudge_later, row_values
 from delivery.runtime.current import get_settings
@@ -40,6 +40,7 @@ __all__ = ["CHUNK", "Enqueued", "enqueue_many"]
 CHUNK = 1000
 #: At most this many new message ids are kept for the post-commit nudge.
 NUDGE_IDS = 500
+_ARGUMENTS = frozenset(EnqueueArgs.__annotations__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,14 +61,14 @@ def _chunks(messages: Iterable[Mapping[str, Any]]) -> Iterator[list[tuple[int, M
 def _row(settings: Settings, index: int, spec: Mapping[str, Any]) -> dict[str, Any]:
     if not isinstance(spec, Mapping):
         raise InvalidMessage(f"messages[{index}]", f"must be a mapping, not {type(spec).__name__}")
-    unknown = sorted(set(spec) - set(EnqueueArgs.__annotations__))
+    unknown = sorted(spec.keys() - _ARGUMENTS)
     if unknown:
         raise InvalidMessage(f"messages[{index}].{unknown[0]}", "not an argument of enqueue")
     for required in ("to", "payload"):
         if required not in spec:
             raise InvalidMessage(f"messages[{index}].{required}", "is required")
     try:
-        return row_values(settings, **spec)
+        return row_values(settings, spec)
     except InvalidMessage as exc:
         raise InvalidMessage(f"messages[{index}].{exc.field}", exc.problem) from None
 
@@ -85,9 +86,14 @@ def enqueue_many(
     created = existing = 0
     due_ids: list[int] = []
     with session.begin_nested():  # rolled back, and the error raised, on any failure
-        for chunk in _chunks(messages):
-            rows = [_row(settings, index, spec) for index, spec in chunk]
-            new = _insert(session, rows)
+        chunks = _chunks(messages)
+        rows = _rows(settings, next(chunks, []))
+        while rows:
+            upcoming = next(chunks, [])  # read from the caller's iterable between statements
+            with overlapped(session):
+                answer = send_chunk(session, rows)
+                later = _rows(settings, upcoming)  # while the database inserts ``rows``
+            new = answer()
             created += len(new)
             existing += len(rows) - len(new)
             _check_conflicts(session, rows, new)
@@ -98,71 +104,13 @@ def enqueue_many(
                     if r["key"] in new and r["next_attempt_at"] <= r["created_at"]
                 )
                 due_ids = due_ids[:NUDGE_IDS]
+            rows = later
     nudge_later(session, due_ids)
     return Enqueued(created, existing)
 
 
-def _insert(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
-    """Insert ``rows`` in one statement; the new ones' key -> id (a key already in the
-    outbox, or earlier in ``rows``, is not among them)."""
-    dialect = session.get_bind().dialect.name
-    if dialect == "postgresql":
-        # One array per column: one small cached statement whatever the chunk's length.
-        arrays = {f"a_{name}": [row[name] for row in rows] for name in _COLUMNS}
-        arrays["a_payload"] = [json.dumps(payload) for payload in arrays["a_payload"]]
-        found = session.execute(_pg_insert(), arrays)
-        return {key: message_id for key, message_id in found}
-    if dialect != "sqlite":  # pragma: no cover - other databases are not supported
-        raise NotImplementedError(f"enqueue_many does not support {dialect}")
-    stmt = (
-        sqlite.insert(messages_table)
-        .values(rows)
-        .on_conflict_do_nothing(index_elements=["key"])
-        .returning(messages_table.c.key, messages_table.c.id)
-    )
-    return {key: message_id for key, message_id in session.execute(stmt)}
-
-
-#: The columns ``outbox.row_values`` fills, in the order of the INSERT.
-_COLUMNS = (
-    "key",
-    "channel",
-    "provider",
-    "recipient",
-    "payload",
-    "payload_hash",
-    "on_unknown",
-    "status",
-    "attempts",
-    "max_attempts",
-    "needs_lookup",
-    "next_attempt_at",
-    "message_type",
-    "priority",
-    "expires_at",
-    "created_at",
-    "updated_at",
-)
-
-
-@functools.cache
-def _pg_insert() -> Any:
-    """``INSERT .. SELECT * FROM unnest(:a_key, ...) ON CONFLICT (key) DO NOTHING RETURNING``."""
-    m = messages_table.c
-    kinds = {name: m[name].type for name in _COLUMNS}
-    kinds["payload"] = Text()  # sent as JSON text, cast back below
-    arrays = [bindparam(f"a_{name}", type_=ARRAY(kinds[name])) for name in _COLUMNS]
-    source = func.unnest(*arrays).table_valued(*_COLUMNS).render_derived(name="v")
-    picked = [
-        cast(source.c[name], m[name].type) if name == "payload" else source.c[name]
-        for name in _COLUMNS
-    ]
-    return (
-        postgresql.insert(messages_table)
-        .from_select(list(_COLUMNS), select(*picked))
-        .on_conflict_do_nothing(index_elements=["key"])
-        .returning(m.key, m.id)
-    )
+def _rows(settings: Settings, chunk: list[tuple[int, Mapping[str, Any]]]) -> list[dict[str, Any]]:
+    return [_row(settings, index, spec) for index, spec in chunk]
 
 
 def _check_conflicts(session: Session, rows: list[dict[str, Any]], new: dict[str, int]) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime as dt
 import hashlib
 import json
+import re
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlsplit
@@ -16,30 +17,56 @@ import phonenumbers
 from email_validator import EmailNotValidError, validate_email
 
 from delivery.errors import InvalidMessage
-from delivery.pipeline import bounds
+from delivery.pipeline import bounds, phone
 
-__all__ = ["canonical_json", "check_key", "check_recipient", "check_send_at", "payload_hash"]
+__all__ = [
+    "canonical_json",
+    "check_key",
+    "check_payload",
+    "check_recipient",
+    "check_send_at",
+    "checked_payload",
+    "payload_digest",
+    "payload_hash",
+]
 
 MAX_KEY_LENGTH = 255
 _BODY_FIELDS = {"sms": ("body",), "email": ("body", "html", "text", "template")}
 
 
+_CANONICAL = json.JSONEncoder(
+    sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+)
+
+
 def canonical_json(value: Any) -> str:
     """One spelling per value: sorted keys, no spaces, no NaN. Raises InvalidMessage."""
     try:
-        return json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
+        return _CANONICAL.encode(value)
     except (TypeError, ValueError) as exc:
         raise InvalidMessage("payload", f"is not JSON-serialisable: {exc}") from None
 
 
 def payload_hash(channel: str, to: str, payload: Mapping[str, Any]) -> str:
-    document = canonical_json({"channel": channel, "to": to, "payload": payload})
+    """sha256 of the canonical JSON of ``{"channel", "to", "payload"}``: what binds a key."""
+    return payload_digest(channel, to, canonical_json(payload))
+
+
+def payload_digest(channel: str, to: str, payload_json: str) -> str:
+    """``payload_hash`` from the payload's canonical JSON, already made (``checked_payload``):
+    the document is the same string, its keys in sorted order (channel, payload, to)."""
+    channel_json, to_json = canonical_json(channel), canonical_json(to)
+    document = f'{{"channel":{channel_json},"payload":{payload_json},"to":{to_json}}}'
     return hashlib.sha256(document.encode()).hexdigest()
 
 
+#: A key every check below accepts: printable ASCII, no space at either end, within the limit.
+_PLAIN_KEY = re.compile(rf"[!-~](?:[ -~]{{0,{MAX_KEY_LENGTH - 2}}}[!-~])?")
+
+
 def check_key(key: Any) -> str:
+    if isinstance(key, str) and _PLAIN_KEY.fullmatch(key):
+        return key
     if not isinstance(key, str) or not key:
         raise InvalidMessage("key", "must be a non-empty string")
     if len(key) > MAX_KEY_LENGTH:
@@ -73,6 +100,8 @@ def check_recipient(channel: str, to: Any) -> str:
     if not isinstance(to, str) or not to.strip():
         raise InvalidMessage("to", "must be a non-empty string")
     if channel == "sms":
+        if phone.accepts(to):  # already E.164 and valid: no parsing needed
+            return to
         try:
             number = phonenumbers.parse(to, None)
         except phonenumbers.NumberParseException as exc:
@@ -102,9 +131,15 @@ def check_recipient(channel: str, to: Any) -> str:
 
 
 def check_payload(channel: str, payload: Any, limit: int) -> dict[str, Any]:
+    return checked_payload(channel, payload, limit)[0]
+
+
+def checked_payload(channel: str, payload: Any, limit: int) -> tuple[dict[str, Any], str]:
+    """``check_payload``'s checks; the payload and its canonical JSON."""
     if not isinstance(payload, Mapping):
         raise InvalidMessage("payload", "must be a JSON object (a dict)")
-    encoded = canonical_json(payload).encode()
+    document = canonical_json(payload)
+    encoded = document.encode()
     if len(encoded) > limit:
         raise InvalidMessage("payload", f"is {len(encoded)} bytes; the limit is {limit}")
     fields = _BODY_FIELDS.get(channel)
@@ -115,4 +150,4 @@ def check_payload(channel: str, payload: Any, limit: int) -> dict[str, Any]:
         raise InvalidMessage(
             "payload.body", f"is empty (a {channel} needs one of {', '.join(fields)})"
         )
-    return dict(payload)
+    return dict(payload), document
