@@ -190,6 +190,38 @@ def test_a_send_that_could_outlast_its_lease_is_not_made(clean: Engine, stub: An
 
 
 @pytest.mark.integration
+def test_a_half_open_breaker_lets_one_row_of_a_batch_probe(
+    clean: Engine, stub: Any, redis_client: Any
+) -> None:
+    """The breaker is asked once for the batch's rows (``allow_many``): in half-open the first
+    row is the probe and is sent; the others are parked ``pending`` with ``CIRCUIT_OPEN`` and
+    no attempt spent, as the single path parks them."""
+    stub.reset()
+    pairs = _dispatched(clean, [{"key": f"probe-{i}", "recipient": OK} for i in range(5)])
+    service = Service.from_settings(get_settings())
+    breaker = service.breaker("stub")
+    before = breaker.status().calls
+    # open, with its reset_timeout already past: the next caller finds it half-open
+    redis_client.hset("delivery:breaker:{stub}", mapping={"state": "open", "open_until": 0})
+    try:
+        results = deliver_many(service, pairs)
+        after = breaker.status()
+    finally:
+        service.close()
+    assert [r.action for r in results] == [Action.DONE] + [Action.PARKED] * 4
+    assert {r.code for r in results[1:]} == {"CIRCUIT_OPEN"}
+    assert stub.effects() == {"probe-0": 1}
+    assert (after.state, after.calls) == ("half_open", before)  # probes are not counted
+    with clean.connect() as conn:
+        rows = conn.execute(
+            select(messages_table.c.key, messages_table.c.status, messages_table.c.attempts)
+        ).all()
+    assert sorted(rows) == [("probe-0", "sent", 1)] + [
+        (f"probe-{i}", "pending", 0) for i in range(1, 5)
+    ]
+
+
+@pytest.mark.integration
 def test_one_batch_with_every_outcome_ends_each_message_as_the_single_path_would(
     live: Engine, stub: Any
 ) -> None:

@@ -53,7 +53,9 @@ Probe calls are judged by the closing rule, not counted in the window.
 
 **Round trips.** The state is one Redis hash (``delivery:breaker:{NAME}``, the window's
 buckets included), changed only by one Lua script on Redis's own clock: one EVALSHA before a
-send (``allow``, which also counts the call), and one after it only for a failure or a probe.
+send (``allow``, which also counts the call; ``allow_many`` asks for a batch's calls to one
+provider in one EVALSHA, each permit then used, recorded or released on its own), and one
+after it only for a failure or a probe.
 A plain success costs nothing: this process remembers it and reports it with its next step
 (it resets the run of failures then), as it does permits released unused. If Redis is
 unreachable, ``on_redis_error`` decides: ``local`` (default) applies the same rules in this
@@ -195,6 +197,7 @@ class CircuitBreaker:
     ) -> None:
         self.provider, self.config = provider, config
         self._local = LocalMachine(config, probe_ttl, clock)
+        self._poll = min(HALF_OPEN_POLL, probe_ttl)
         self._script = None if client is None else client.register_script(LUA)
         self._keys = [f"delivery:breaker:{{{provider}}}"]
         self._args = config_args(config, probe_ttl)
@@ -205,16 +208,27 @@ class CircuitBreaker:
 
     def allow(self) -> Permit:
         """May this provider be called now? One Redis round trip (it counts the call)."""
+        return self.allow_many(1)[0]
+
+    def allow_many(self, count: int) -> list[Permit]:
+        """``allow`` for ``count`` calls at once, in one Redis round trip: what ``count``
+        callers asking one after another would get. Closed: every call is allowed and counted;
+        open: none; half-open: the first holds the probe if none is in flight, and the others
+        are turned away as callers behind a probe in flight are (back within
+        ``HALF_OPEN_POLL`` s)."""
+        if count <= 0:
+            return []
         if not self.config.enabled:
-            return Permit(True, "disabled", "none")
+            return [Permit(True, "disabled", "none")] * count
         token = secrets.token_hex(8)
-        reply, source = self._run("allow", token, "")
+        reply, source = self._run("allow", token, "", count=count)
         if reply is None:
-            return Permit(True, "unknown", source)
-        probe = reply.allowed and reply.probe
-        return Permit(
-            reply.allowed, reply.state, source, probe, token if probe else "", reply.next_at
-        )
+            return [Permit(True, "unknown", source)] * count
+        if not (reply.allowed and reply.probe):
+            return [Permit(reply.allowed, reply.state, source, retry_at=reply.next_at)] * count
+        probe = Permit(True, reply.state, source, True, token)
+        behind = Permit(False, reply.state, source, retry_at=reply.now + self._poll)
+        return [probe, *[behind] * (count - 1)]
 
     def record(self, permit: Permit, verdict: Verdict) -> None:
         """Count one call's verdict. A failure or the probe's answer is one round trip; a
@@ -265,11 +279,11 @@ class CircuitBreaker:
         return taken
 
     def _run(
-        self, op: str, token: str, verdict: str, *, local: bool = False
+        self, op: str, token: str, verdict: str, *, local: bool = False, count: int = 1
     ) -> tuple[Reply | None, str]:
         successes, released = self._take()
         if self._script is not None and not local and time.monotonic() >= self._retry_redis_at:
-            argv = [op, token, verdict, successes, released, *self._args]
+            argv = [op, token, verdict, successes, released, *self._args, count]
             try:
                 raw = self._script(keys=self._keys, args=argv)
             except (redis.RedisError, OSError) as exc:
@@ -283,7 +297,7 @@ class CircuitBreaker:
                 return self._announced(op, decode(raw), "redis"), "redis"
         if self._script is not None and not local and self.config.on_redis_error == "allow":
             return None, "none"
-        reply = self._local(op, token, verdict, successes, released)
+        reply = self._local(op, token, verdict, successes, released, count)
         return self._announced(op, reply, "local"), "local"
 
     def _redis_failed(self, exc: BaseException) -> None:

@@ -2,9 +2,11 @@
 its twin in this process's memory, step for step (``on_redis_error = "local"``, or no Redis).
 
 Each step takes an op (``allow``, ``record``, ``peek``, ``reset``), the caller's probe token,
-a ``Verdict`` and what this process has to report since its last step (``successes``: plain
+a ``Verdict``, what this process has to report since its last step (``successes``: plain
 successes, which reset the run of consecutive failures; ``released``: permits given back
-unused, which are taken off the calls of the window), and answers a ``Reply``. The states and
+unused, which are taken off the calls of the window) and, for ``allow``, how many calls ask
+at once (``count``: a batch's rows of one provider; closed counts them all, half-open grants
+at most one probe), and answers a ``Reply``. The states and
 transitions, and what counts as a failure, are drawn in ``delivery.guards.breaker``'s
 docstring; ``tests/test_breaker.py`` runs both machines through the same steps.
 
@@ -98,7 +100,7 @@ def config_args(config: BreakerConfig, probe_ttl: float) -> tuple[Any, ...]:
 # ARGV: op (allow | record | peek | reset), token, verdict (success | failure | neutral),
 # successes, released, then config_args: failure_rate, minimum_calls, consecutive_failures,
 # failure_threshold, window, reset_timeout, close_at, reopen_at, probe_ttl, half_open_poll,
-# buckets. KEYS[1]: the breaker's hash.
+# buckets; then count (allow: the calls asking at once). KEYS[1]: the breaker's hash.
 LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -109,6 +111,7 @@ local in_a_row, threshold = tonumber(ARGV[8]), tonumber(ARGV[9])
 local window, reset_timeout = tonumber(ARGV[10]), tonumber(ARGV[11])
 local close_at, reopen_at = tonumber(ARGV[12]), tonumber(ARGV[13])
 local probe_ttl, poll, nb = tonumber(ARGV[14]), tonumber(ARGV[15]), tonumber(ARGV[16])
+local count = tonumber(ARGV[17]) or 1
 local h = KEYS[1]
 local function f(x) return string.format('%.6f', x) end
 if op == 'reset' then
@@ -170,7 +173,7 @@ if op == 'allow' or op == 'peek' then
   end
   if state == 'closed' then
     allowed = 1
-    if op == 'allow' then bump(1, 0) end
+    if op == 'allow' then bump(count, 0) end
   elseif state == 'open' then
     next_at = f(open_until)
   elseif probe ~= '' then
@@ -228,17 +231,25 @@ class LocalMachine:
         self._buckets: dict[int, list[int]] = {}  # slot -> [bucket index, calls, failures]
 
     def __call__(
-        self, op: str, token: str, verdict: str, successes: int = 0, released: int = 0
+        self,
+        op: str,
+        token: str,
+        verdict: str,
+        successes: int = 0,
+        released: int = 0,
+        count: int = 1,
     ) -> Reply:
         with self._lock:
-            return self._step(op, token, verdict, successes, released)
+            return self._step(op, token, verdict, successes, released, count)
 
     def _open(self, now: float) -> None:
         self._state, self._open_until = BreakerState.OPEN.value, now + self._config.reset_timeout
         self._probe, self._probe_until = "", 0.0
         self._passed = self._failed = self._streak = 0
 
-    def _step(self, op: str, token: str, verdict: str, successes: int, released: int) -> Reply:
+    def _step(
+        self, op: str, token: str, verdict: str, successes: int, released: int, count: int
+    ) -> Reply:
         c, now = self._config, self._clock()
         if op == "reset":
             was = self._state
@@ -278,7 +289,7 @@ class LocalMachine:
             if state == BreakerState.CLOSED:
                 allowed = True
                 if op == "allow":
-                    bump(1, 0)
+                    bump(count, 0)
             elif state == BreakerState.OPEN:
                 next_at = self._open_until
             elif probe:

@@ -8,8 +8,9 @@ fraction of its commits:
 2. Each row goes through the single path's checks. A row that is not plainly ready (not
    ``dispatched``, not ours, not due, expired, its provider gone, to be looked up first, or
    of a provider with a rate limit) is handed whole to ``sender.deliver`` and its answer
-   used as is; the breaker is asked for each of the others, and a row it refuses is parked
-   as the single path parks it (``CIRCUIT_OPEN``, no attempt spent).
+   used as is; the breaker is asked for the others, once per provider for all its rows
+   (``CircuitBreaker.allow_many``: one Redis round trip), and a row it refuses is parked as
+   the single path parks it (``CIRCUIT_OPEN``, no attempt spent).
 3. One fenced UPDATE (``transitions.take_many``) takes the rest to ``sending`` and commits
    *before* any request leaves (G2); a row whose fence moved meanwhile is skipped.
 4. The sends run on this process's small thread pool (``send_concurrency`` in flight), each
@@ -44,11 +45,10 @@ from sqlalchemy import Row
 
 from delivery.guards.breaker import Permit
 from delivery.observability.events import Transition, emit
-from delivery.pipeline import outcomes
+from delivery.pipeline import outcomes, settle
 from delivery.pipeline.clock import read_with_clock, sql_now
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.sender import ROW, breaker_verdict, circuit_open, deliver, in_flight
-from delivery.pipeline.settle import after_send
 from delivery.pipeline.status import Status
 from delivery.pipeline.transitions import (
     Action,
@@ -159,9 +159,7 @@ def deliver_many(
             single.append((message_id, key))
         else:
             candidates.append(row)
-    # One breaker round trip per message, asked on the send pool rather than one after another.
-    asks = [_allow_call(service, row.provider) for row in candidates]
-    for row, permit in zip(candidates, _run_all(service, asks), strict=True):
+    for row, permit in _permits(service, candidates):
         if not permit.allowed:
             results[row.id] = circuit_open(service, row, permit, now)
         else:
@@ -232,8 +230,17 @@ def _send_call(
     return call
 
 
-def _allow_call(service: Service, provider: str) -> Callable[[], Permit]:
-    return lambda: service.breaker(provider).allow()
+def _permits(service: Service, rows: Sequence[Row[Any]]) -> list[tuple[Row[Any], Permit]]:
+    """The breaker's permit for each row: one ``allow_many`` per provider, in batch order
+    (in half-open, the provider's first row carries the probe)."""
+    by_provider: dict[str, list[Row[Any]]] = {}
+    for row in rows:
+        by_provider.setdefault(row.provider, []).append(row)
+    permits: list[tuple[Row[Any], Permit]] = []
+    for provider, mine in by_provider.items():
+        granted = service.breaker(provider).allow_many(len(mine))
+        permits += zip(mine, granted, strict=True)
+    return permits
 
 
 def _single_call(service: Service, message_id: int, key: str) -> Callable[[], Result]:
@@ -256,18 +263,7 @@ def _settle(service: Service, sent: Sequence[_Sent]) -> dict[int, Result]:
             if msg.id not in moved:
                 results[msg.id] = _CHANGED
                 continue
-            emit(
-                Transition(
-                    msg.id,
-                    msg.key,
-                    msg.provider,
-                    Status.SENDING,
-                    Status.SENT,
-                    msg.attempt,
-                    "delivered",
-                    enqueued_at=msg.enqueued_at,
-                )
-            )
+            settle.emit(msg, Status.SENT, "delivered", enqueued_at=msg.enqueued_at)
             results[msg.id] = Result(Action.DONE, Status.SENT)
     for s in sent:
         if s.outcome is None:
@@ -275,7 +271,7 @@ def _settle(service: Service, sent: Sequence[_Sent]) -> dict[int, Result]:
         elif not isinstance(s.outcome, outcomes.Delivered):
             # after_send measures from ``started``: the call's own time, not the batch's.
             started = time.perf_counter() - s.latency / 1000.0
-            results[s.msg.id] = after_send(service, s.msg, s.outcome, started)
+            results[s.msg.id] = settle.after_send(service, s.msg, s.outcome, started)
     return results
 
 
@@ -298,6 +294,7 @@ def _give_back(service: Service, msg: Sending) -> Result:
         )
     if not done:
         return _CHANGED
+    # No outcome: no attempt was made, so the metrics count none (``observe_transition``).
     emit(
         Transition(
             msg.id,
@@ -306,7 +303,7 @@ def _give_back(service: Service, msg: Sending) -> Result:
             Status.SENDING,
             Status.PENDING,
             msg.attempt - 1,
-            "send_late",
+            None,
             SEND_LATE,
             0.0,
         )

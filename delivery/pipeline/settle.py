@@ -26,7 +26,7 @@ from dataclasses import replace
 
 from sqlalchemy import Connection
 
-from delivery.observability.events import Transition, emit
+from delivery.observability import events
 from delivery.pipeline import outcomes
 from delivery.pipeline.backoff import compute_backoff
 from delivery.pipeline.clock import db_now, sql_now
@@ -45,7 +45,7 @@ from delivery.pipeline.transitions import (
 )
 from delivery.runtime.service import Service
 
-__all__ = ["after_lookup", "after_send"]
+__all__ = ["after_lookup", "after_send", "emit"]
 
 _CHANGED = Result(Action.SKIP, reason="row changed while sending")
 
@@ -118,7 +118,7 @@ def _sent(conn: Connection, msg: Sending, ref: str | None, outcome: str) -> Resu
         last_error_code=None,
         last_error=None,
     ):
-        _emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
+        emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
         return Result(Action.DONE, Status.SENT)
     return _CHANGED
 
@@ -134,7 +134,7 @@ def _stop(conn: Connection, msg: Sending, failure: Failure) -> Result:
         last_error_code=code[:64],
         last_error=failure.reason,
     ):
-        _emit(msg, status, failure.outcome, code)
+        emit(msg, status, failure.outcome, code)
         return Result(Action.DONE, status, code=code, reason=failure.reason)
     return _CHANGED
 
@@ -172,12 +172,12 @@ def _park(
     status = park(conn, msg, delay, service.settings, failure, now=db_now(conn), **values)
     if status is None:
         return _CHANGED
-    _emit(msg, status, failure.outcome, failure.code, round(delay, 3))
+    emit(msg, status, failure.outcome, failure.code, round(delay, 3))
     action = Action.RETRY if status is Status.DISPATCHED else Action.PARKED
     return Result(action, status, delay, failure.code, failure.reason)
 
 
-def _emit(
+def emit(
     msg: Sending,
     to: Status,
     outcome: str,
@@ -186,9 +186,10 @@ def _emit(
     *,
     enqueued_at: dt.datetime | None = None,
 ) -> None:
-    """The transition of this attempt's ``sending`` row to ``to``."""
-    emit(
-        Transition(
+    """Announce the transition of this attempt's ``sending`` row to ``to`` (once it is
+    committed or about to be, in the transaction that moved it)."""
+    events.emit(
+        events.Transition(
             msg.id,
             msg.key,
             msg.provider,
