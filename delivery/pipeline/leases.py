@@ -136,7 +136,11 @@ def renew_queued(
     now: dt.datetime | None = None,
 ) -> int:
     """Renew the rows whose tasks still wait in a broker queue to ``now + lease`` (never
-    shorter than they have); return how many.
+    shorter than they have); return how many. A lease with more than ``2/3 lease`` left is
+    left as it is (as ``renew_held`` does): a queued row is rewritten every ``lease / 3`` s,
+    not on every relay pass (each renewal writes a new version of the row and of every index
+    entry, ``lease_expires_at`` being indexed), and still has ``lease / 3`` s or more left
+    when the next pass comes (``dispatch_lease >= 3 relay_interval``).
 
     ``depths``: tasks waiting in each priority's queue, as the broker counts them (not the
     ones workers hold unacknowledged). Queues are first in, first out, so the tasks still in a
@@ -151,6 +155,7 @@ def renew_queued(
         return 0
     now = now or db_now(conn)
     until = now + dt.timedelta(seconds=lease)
+    fresh = now + dt.timedelta(seconds=lease * 2.0 / 3.0)
     renewed = 0
     for priority, depth in counted.items():
         newest = (
@@ -170,7 +175,7 @@ def renew_queued(
         renewed += conn.execute(
             update(messages_table)
             .where(chosen, m.status == Status.DISPATCHED.value)
-            .where(m.lease_expires_at < until)
+            .where(m.lease_expires_at < fresh)
             .values(lease_expires_at=until)
         ).rowcount
     return renewed
