@@ -92,6 +92,13 @@ def _chosen(conn: Connection, ids: list[int], now: dt.datetime, hold_lease: floa
     return messages_table.c.id.in_(unlocked)
 
 
+def _one_of(conn: Connection, ids: Any) -> Any:
+    """``id`` is one of the ids ``ids`` selects (``= ANY(ARRAY(...))`` on PostgreSQL)."""
+    if conn.dialect.name == "postgresql":
+        return messages_table.c.id == any_(func.array(ids.scalar_subquery()))
+    return messages_table.c.id.in_(ids.scalar_subquery())
+
+
 def renew_held(
     conn: Connection,
     ids: Collection[int],
@@ -164,14 +171,17 @@ def renew_queued(
             .where(m.next_attempt_at <= m.updated_at)
             .order_by(m.updated_at.desc(), m.id.desc())
             .limit(depth)
-            .with_for_update(skip_locked=True)  # a row a worker is moving is not queued
         )
-        # ``= ANY(ARRAY(...))`` on PostgreSQL: the locking subquery runs once (see ``_chosen``).
-        chosen = (
-            m.id == any_(func.array(newest.scalar_subquery()))
-            if conn.dialect.name == "postgresql"
-            else m.id.in_(newest.scalar_subquery())
+        # Of those, only the rows this pass renews are locked (a lock writes the row too), and
+        # a row a worker is moving is skipped: it is not queued. ``= ANY(ARRAY(...))`` on
+        # PostgreSQL: each subquery runs once (see ``_chosen``).
+        stale = (
+            select(m.id)
+            .where(_one_of(conn, newest), m.status == Status.DISPATCHED.value)
+            .where(m.lease_expires_at < fresh)
+            .with_for_update(skip_locked=True)
         )
+        chosen = _one_of(conn, stale)
         renewed += conn.execute(
             update(messages_table)
             .where(chosen, m.status == Status.DISPATCHED.value)
