@@ -112,19 +112,20 @@ class Order(_BenchBase):
     amount: Mapped[int] = mapped_column(Integer)
 
 
-def fresh_database() -> Any:
-    """Create the benchmark database if needed, drop and re-migrate the outbox, add the
-    business table ``bench_orders``; return an engine."""
+def fresh_database(name: str = PG_DB) -> Any:
+    """Create the benchmark database (``name``: this slot's, or a second one of its own, such
+    as ``growth``'s large table) if needed, drop and re-migrate the outbox, add the business
+    table ``bench_orders``; return an engine."""
     from sqlalchemy import create_engine, text
 
     from delivery.runtime.db import make_engine, upgrade
 
     admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
-        if not conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": PG_DB}):
-            conn.execute(text(f"CREATE DATABASE {PG_DB}"))
+        if not conn.scalar(text("SELECT 1 FROM pg_database WHERE datname = :n"), {"n": name}):
+            conn.execute(text(f"CREATE DATABASE {name}"))
     admin.dispose()
-    engine = make_engine(PG_URL)
+    engine = make_engine(f"{PG_SERVER}/{name}")
     with engine.begin() as conn:
         conn.execute(
             text(

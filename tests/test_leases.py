@@ -172,9 +172,20 @@ def test_queued_rows_renewed_by_the_relay_outlive_their_first_lease(clean: Engin
         assert renew_queued(conn, {"normal": 2, "bulk": None}, lease=10, now=now) == 2
     until = now + dt.timedelta(seconds=10)
     assert _leases(clean, ids) == [soon, until, until, soon, soon, soon]
-    swept = sweep(clean, now=now + dt.timedelta(seconds=5))
+    # A lease renewed less than lease / 3 ago is not rewritten by the next pass; an older one is.
+    with clean.begin() as conn:
+        assert renew_queued(conn, {"normal": 2}, lease=10, now=now + _s(3)) == 0
+        assert renew_queued(conn, {"normal": 2}, lease=10, now=now + _s(4)) == 2
+    now += _s(4)
+    until = now + _s(10)
+    assert _leases(clean, ids) == [soon, until, until, soon, soon, soon]
+    swept = sweep(clean, now=now + _s(5))
     assert (swept.requeued, swept.recovered) == (3, 1)  # all but the queued two; the send
-    assert sweep(clean, now=now + dt.timedelta(seconds=11)).requeued == 2
+    assert sweep(clean, now=now + _s(11)).requeued == 2
+
+
+def _s(seconds: float) -> dt.timedelta:
+    return dt.timedelta(seconds=seconds)
 
 
 def test_keeper_renews_a_received_message_at_once_without_polling() -> None:

@@ -92,6 +92,13 @@ def _chosen(conn: Connection, ids: list[int], now: dt.datetime, hold_lease: floa
     return messages_table.c.id.in_(unlocked)
 
 
+def _one_of(conn: Connection, ids: Any) -> Any:
+    """``id`` is one of the ids ``ids`` selects (``= ANY(ARRAY(...))`` on PostgreSQL)."""
+    if conn.dialect.name == "postgresql":
+        return messages_table.c.id == any_(func.array(ids.scalar_subquery()))
+    return messages_table.c.id.in_(ids.scalar_subquery())
+
+
 def renew_held(
     conn: Connection,
     ids: Collection[int],
@@ -136,7 +143,11 @@ def renew_queued(
     now: dt.datetime | None = None,
 ) -> int:
     """Renew the rows whose tasks still wait in a broker queue to ``now + lease`` (never
-    shorter than they have); return how many.
+    shorter than they have); return how many. A lease with more than ``2/3 lease`` left is
+    left as it is (as ``renew_held`` does): a queued row is rewritten every ``lease / 3`` s,
+    not on every relay pass (each renewal writes a new version of the row and of every index
+    entry, ``lease_expires_at`` being indexed), and still has ``lease / 3`` s or more left
+    when the next pass comes (``dispatch_lease >= 3 relay_interval``).
 
     ``depths``: tasks waiting in each priority's queue, as the broker counts them (not the
     ones workers hold unacknowledged). Queues are first in, first out, so the tasks still in a
@@ -151,6 +162,7 @@ def renew_queued(
         return 0
     now = now or db_now(conn)
     until = now + dt.timedelta(seconds=lease)
+    fresh = now + dt.timedelta(seconds=lease * 2.0 / 3.0)
     renewed = 0
     for priority, depth in counted.items():
         newest = (
@@ -159,18 +171,21 @@ def renew_queued(
             .where(m.next_attempt_at <= m.updated_at)
             .order_by(m.updated_at.desc(), m.id.desc())
             .limit(depth)
-            .with_for_update(skip_locked=True)  # a row a worker is moving is not queued
         )
-        # ``= ANY(ARRAY(...))`` on PostgreSQL: the locking subquery runs once (see ``_chosen``).
-        chosen = (
-            m.id == any_(func.array(newest.scalar_subquery()))
-            if conn.dialect.name == "postgresql"
-            else m.id.in_(newest.scalar_subquery())
+        # Of those, only the rows this pass renews are locked (a lock writes the row too), and
+        # a row a worker is moving is skipped: it is not queued. ``= ANY(ARRAY(...))`` on
+        # PostgreSQL: each subquery runs once (see ``_chosen``).
+        stale = (
+            select(m.id)
+            .where(_one_of(conn, newest), m.status == Status.DISPATCHED.value)
+            .where(m.lease_expires_at < fresh)
+            .with_for_update(skip_locked=True)
         )
+        chosen = _one_of(conn, stale)
         renewed += conn.execute(
             update(messages_table)
             .where(chosen, m.status == Status.DISPATCHED.value)
-            .where(m.lease_expires_at < until)
+            .where(m.lease_expires_at < fresh)
             .values(lease_expires_at=until)
         ).rowcount
     return renewed

@@ -191,14 +191,8 @@ def _log_attempts_statement() -> Any:
 def extend_lease(conn: Connection, message_id: int, seen_attempts: int, until: dt.datetime) -> bool:
     """Extend the lease of a ``dispatched`` row (waiting, not taken) to ``until``, fenced like
     ``move``; False if the row moved meanwhile."""
-    return move(
-        conn,
-        message_id,
-        seen_attempts,
-        Status.DISPATCHED,
-        Status.DISPATCHED,
-        lease_expires_at=until,
-    )
+    fence = (message_id, seen_attempts, Status.DISPATCHED)
+    return move(conn, *fence, Status.DISPATCHED, lease_expires_at=until)
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,11 +239,13 @@ def _unnest(*columns: tuple[str, Any]) -> Any:
 
 
 def _locked_in_order(ids: str) -> Any:
-    """The rows of the bound array ``ids``, locked in id order: two batch statements over
-    overlapping rows then wait for each other instead of deadlocking."""
+    """``id`` is one of the bound array ``ids``, locked in id order (overlapping batches wait,
+    never deadlock), the locking subquery run once (``= ANY(ARRAY(..))``; under ``IN`` it ran
+    once per ``dispatched`` row: 2 s per take with 5,000 queued, stale statistics)."""
     m = messages_table.c
     wanted = m.id == any_(bindparam(ids, type_=ARRAY(BigInteger())))
-    return select(m.id).where(wanted).order_by(m.id).with_for_update()
+    locked = select(m.id).where(wanted).order_by(m.id).with_for_update()
+    return m.id == any_(func.array(locked.scalar_subquery()))
 
 
 @functools.cache
@@ -259,7 +255,7 @@ def _take_many_statement() -> Any:
     return (
         update(messages_table)
         .where(m.id == seen.c.ids, m.status == Status.DISPATCHED.value, m.attempts == seen.c.seen)
-        .where(m.id.in_(_locked_in_order("ids")))
+        .where(_locked_in_order("ids"))
         .values(
             status=Status.SENDING.value,
             attempts=seen.c.seen + 1,
@@ -303,7 +299,7 @@ def _sent_many_statement(sent_at: Any) -> Any:
     return (
         update(messages_table)
         .where(m.id == rows.c.ids, m.status == Status.SENDING.value, m.attempts == rows.c.seen)
-        .where(m.id.in_(_locked_in_order("ids")))
+        .where(_locked_in_order("ids"))
         .values(
             status=Status.SENT.value,
             updated_at=utcnow(),
