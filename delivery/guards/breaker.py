@@ -297,7 +297,7 @@ class CircuitBreaker:
                 return self._announced(op, decode(raw), "redis"), "redis"
         if self._script is not None and not local and self.config.on_redis_error == "allow":
             return None, "none"
-        reply = self._local(op, token, verdict, successes, released, count)
+        reply = self._local(op, token, verdict, successes, released, count=count)
         return self._announced(op, reply, "local"), "local"
 
     def _redis_failed(self, exc: BaseException) -> None:

@@ -237,10 +237,11 @@ class LocalMachine:
         verdict: str,
         successes: int = 0,
         released: int = 0,
+        *,
         count: int = 1,
     ) -> Reply:
         with self._lock:
-            return self._step(op, token, verdict, successes, released, count)
+            return self._step(op, token, verdict, successes, released, count=count)
 
     def _open(self, now: float) -> None:
         self._state, self._open_until = BreakerState.OPEN.value, now + self._config.reset_timeout
@@ -248,7 +249,7 @@ class LocalMachine:
         self._passed = self._failed = self._streak = 0
 
     def _step(
-        self, op: str, token: str, verdict: str, successes: int, released: int, count: int
+        self, op: str, token: str, verdict: str, successes: int, released: int, *, count: int
     ) -> Reply:
         c, now = self._config, self._clock()
         if op == "reset":

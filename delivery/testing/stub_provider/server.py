@@ -107,10 +107,6 @@ class StubServer:
         return self._state.get_requests()
 
 
-def _interrupt(signum: int, frame: FrameType | None) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> None:
     """Run the stub in the foreground until SIGINT or SIGTERM."""
     parser = argparse.ArgumentParser(
@@ -126,15 +122,30 @@ def main(argv: list[str] | None = None) -> None:
     in_main_thread = threading.current_thread() is threading.main_thread()
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {signum: signal.getsignal(signum) for signum in signals}
+    stopping: list[threading.Thread] = []
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        # Stop from a thread of its own: serve_forever then returns between two polls, and no
+        # exception is raised at whatever line the main thread was on (which could leave a
+        # lock held and the process hanging).
+        if not stopping:
+            stopping.append(threading.Thread(target=stub.stop, name="stub-provider-stop"))
+            stopping[0].start()
+
     if in_main_thread:
         for signum in signals:  # also when SIGINT was ignored (e.g. started with `&`)
-            signal.signal(signum, _interrupt)
+            signal.signal(signum, request_stop)
     print(f"stub provider listening on {stub.url}", flush=True)
     try:
         stub.serve_forever()
-    except KeyboardInterrupt:
+    except RuntimeError:
+        if not stopping:  # stopped by a signal before it began serving: a clean exit
+            raise
+    except KeyboardInterrupt:  # not the main thread, or a handler of the caller's
         pass
     finally:
+        for thread in stopping:
+            thread.join(10)
         stub.stop()
         if in_main_thread:
             for signum, handler in previous.items():
