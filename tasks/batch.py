@@ -17,13 +17,18 @@ id, exactly like a single task's retry; the batch task itself never retries.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
+import os
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from celery import Task
+from celery import Celery, Task
+from celery.events.dispatcher import EventDispatcher
+from celery.utils.time import utcoffset
 
 from delivery.pipeline.batch import deliver_many
 from delivery.pipeline.transitions import Action, Result
@@ -35,6 +40,53 @@ __all__ = ["deliver_batch"]
 log = logging.getLogger("delivery.tasks")
 
 DELIVER = "delivery.deliver"
+
+
+class _Publisher:
+    """This thread's event dispatcher, kept between batches: one broker connection per
+    thread (made again after a fork, or after a failed publish), so a batch's events cost one
+    publish and no producer from the pool."""
+
+    _local = threading.local()
+
+    @classmethod
+    def publish(
+        cls, app: Celery, hostname: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> None:
+        """Publish ``events`` ((type, fields)) as one ``task.multi`` message, as Celery's
+        dispatcher flushes a buffered group: the same fields, one clock tick each."""
+        d: EventDispatcher | None = getattr(cls._local, "dispatcher", None)
+        if d is None or d.pid != os.getpid() or d.hostname != hostname:
+            d = app.events.Dispatcher(
+                app.connection_for_write(), hostname=hostname, buffer_while_offline=False
+            )
+            cls._local.dispatcher = d
+        # One lock round for the batch's clock values (LamportClock.adjust: the value after
+        # is at least the one before plus len(events)).
+        last = d.clock.adjust(d.clock.value + len(events) - 1)
+        first = last - len(events) + 1
+        common = {"hostname": hostname, "utcoffset": utcoffset(), "pid": d.pid}
+        now = time.time()
+        body = [
+            {**common, **fields, "clock": first + i, "timestamp": now, "type": kind}
+            for i, (kind, fields) in enumerate(events)
+        ]
+        try:
+            d.producer.publish(
+                body,
+                routing_key="task.multi",
+                exchange=d.exchange.name,
+                declare=[d.exchange],
+                serializer=d.serializer,
+                headers=d.headers,
+                delivery_mode=d.delivery_mode,
+            )
+        except Exception:
+            cls._local.dispatcher = None
+            with contextlib.suppress(Exception):
+                d.close()
+                d.connection.close()
+            raise
 
 
 class _Events:
@@ -75,12 +127,7 @@ class _Events:
             return
         events, self.buffer = self.buffer, []
         try:
-            with self.task.app.events.default_dispatcher(hostname=self.task.request.hostname) as d:
-                d.buffer_group = frozenset({"task"})
-                d.buffer_limit = len(events) + 1
-                for kind, fields in events:
-                    d.send(kind, **fields)
-                d.flush()
+            _Publisher.publish(self.task.app, self.task.request.hostname, events)
         except Exception as exc:
             log.warning("could not send the events of batch %s: %r", self.task.request.id, exc)
 

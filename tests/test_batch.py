@@ -154,10 +154,11 @@ def test_a_send_that_could_outlast_its_lease_is_not_made(clean: Engine, stub: An
     its row goes back to ``pending``, due now, with its attempt given back (``SEND_LATE``)."""
     stub.set_faults(delay_ms=2500)
     pairs = _dispatched(clean, [{"key": f"late-{i}", "recipient": OK} for i in range(3)])
-    # Timeouts total 6 s (tests' config): a send may start up to 7.6 - 0.3/3 - 6 = 1.5 s after
+    # Timeouts total 6 s (tests' config): a send may start up to 9.5 - 6/3 - 6 = 1.5 s after
     # the take; one send at a time, each answered in 2.5 s: only the first starts in time
-    # (with a second to spare either way, for a loaded machine).
-    settings = get_settings().with_(send_concurrency=1, send_lease=7.6, hold_lease=0.3)
+    # (with a second to spare either way, for a loaded machine). The rows' 6 s lease outlasts
+    # the test, so a sweeper running meanwhile (the suite's beat) leaves them alone.
+    settings = get_settings().with_(send_concurrency=1, send_lease=9.5, hold_lease=6.0)
     service = Service.from_settings(settings)
     try:
         results = deliver_many(service, pairs)
