@@ -56,16 +56,16 @@ class _Publisher:
         """Publish ``events`` ((type, fields)) as one ``task.multi`` message, as Celery's
         dispatcher flushes a buffered group: the same fields, one clock tick each."""
         d: EventDispatcher | None = getattr(cls._local, "dispatcher", None)
-        if d is None or d.pid != os.getpid() or d.hostname != hostname:
+        if d is None or getattr(cls._local, "owner", None) != (os.getpid(), hostname):
             d = app.events.Dispatcher(
                 app.connection_for_write(), hostname=hostname, buffer_while_offline=False
             )
-            cls._local.dispatcher = d
+            cls._local.dispatcher, cls._local.owner = d, (os.getpid(), hostname)
         # One lock round for the batch's clock values (LamportClock.adjust: the value after
         # is at least the one before plus len(events)).
         last = d.clock.adjust(d.clock.value + len(events) - 1)
         first = last - len(events) + 1
-        common = {"hostname": hostname, "utcoffset": utcoffset(), "pid": d.pid}
+        common = {"hostname": d.hostname, "utcoffset": utcoffset(), "pid": d.pid}
         now = time.time()
         body = [
             {**common, **fields, "clock": first + i, "timestamp": now, "type": kind}
