@@ -7,8 +7,10 @@ and run on the session's own connection by SQLAlchemy's cursor-level execution: 
 ``before/after_cursor_execute`` events, echo, ``hide_parameters`` and error wrapping apply as
 for any statement, without compiling or building a result per call; the cursor is kept per
 database connection, and psycopg prepares the statement on the server after a few uses. A
-chunk is one array per column, sent in binary (``%b``: psycopg's text arrays quote every
-element in Python) and unnested by the server. Elsewhere they are cached Core statements.
+chunk is arrays, sent in binary (``%b``: psycopg's text arrays quote every element in Python)
+and unnested by the server: one per column, except that a column with one value in all the
+chunk's rows is sent as that value and a column equal to an earlier one reuses its array
+(``_shape``). Elsewhere they are cached Core statements.
 
 The returned ``Message`` is built the way the ORM builds a loaded one (its state filled with
 the row, its identity key set) and added to the session: nothing to flush, nothing to load.
