@@ -1,6 +1,8 @@
 """The ops console on a large outbox: each message-search page and the overview's chart
-queries on 1,000,000 rows, with the console's indexes (migration 0004_audit) and, in the same run,
-without them (the baseline: the schema of 0002, where a filtered page reads the table).
+queries on 1,000,000 rows, with the console's indexes (migrations 0004_audit and 0005: the key's
+unique index in ``varchar_pattern_ops`` answers prefixes) and, in the same run, without them
+(the baseline: the schema of 0002, where a filtered page reads the table and the key's unique
+index has the column's own collation).
 
 Rows are bulk-loaded with ``generate_series`` (statuses, providers, codes and types mixed as
 in ``tests/test_console_plan.py``), ``VACUUM ANALYZE``d; each query is the one the console runs
@@ -30,7 +32,11 @@ CONSOLE_INDEXES = (
     "ix_delivery_messages_status_id",
     "ix_delivery_messages_provider_id",
     "ix_delivery_messages_code_id",
-    "ix_delivery_messages_key_prefix",
+)
+#: The baseline's key index: unique, in the column's collation (not usable for LIKE 'x%').
+PLAIN_KEY_INDEX = (
+    "DROP INDEX uq_delivery_messages_key",
+    "CREATE UNIQUE INDEX uq_delivery_messages_key ON delivery_messages (key)",
 )
 
 PAGES: list[tuple[str, dict[str, str]]] = [
@@ -89,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     with engine.begin() as conn:
         for name in CONSOLE_INDEXES:
             conn.execute(text(f"DROP INDEX IF EXISTS {name}"))
+        for statement in PLAIN_KEY_INDEX:
+            conn.execute(text(statement))
     vacuum(engine)
     log("baseline: without them")
     baseline = measure(engine, args.repeat, args.rows // 2)

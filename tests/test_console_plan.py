@@ -88,3 +88,33 @@ def test_prefix_search_finds_exactly_the_prefix(big: Engine) -> None:
         assert keys and all(k.startswith("order-1234") for k in keys)
         assert "order-12340:receipt" in keys and "order-1234:receipt" in keys
         assert ops.search(session, ops.parse_filter({"key": "order_1*"})).messages == []
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("where", "index"),
+    [
+        ("last_error_code = $1", "ix_delivery_messages_code_id"),
+        ("key = $1", "uq_delivery_messages_key"),
+    ],
+)
+def test_a_generic_plan_can_use_the_index(big: Engine, where: str, index: str) -> None:
+    """A prepared statement's generic plan (the value unknown when planned) can still use the
+    partial code index (a strict ``= $1`` implies ``IS NOT NULL``) and the key's one unique
+    index (its ``varchar_pattern_ops`` has ``=``)."""
+    with big.connect() as conn:
+        conn.exec_driver_sql("SET plan_cache_mode = force_generic_plan")
+        conn.exec_driver_sql(
+            f"PREPARE matching(text) AS SELECT count(*) FROM delivery_messages WHERE {where}"
+        )
+        try:
+            explained = "\n".join(
+                row[0] for row in conn.exec_driver_sql("EXPLAIN EXECUTE matching('21211')")
+            )
+        finally:
+            conn.rollback()  # the prepared statement outlives it: the connection is pooled
+            conn.exec_driver_sql("DEALLOCATE matching")
+            conn.exec_driver_sql("RESET plan_cache_mode")
+            conn.commit()
+    assert index in explained, explained
+    assert "Seq Scan" not in explained, explained

@@ -126,6 +126,9 @@ def test_unmanaged_models_match_the_sqlalchemy_columns(django_model: Any, table:
             field.null,
             field.unique,
         )
+    unique_alone = {  # a unique index on one column is that column's uniqueness (the key's)
+        index.columns[0].name for index in table.indexes if index.unique and len(index.columns) == 1
+    }
     columns = {}
     for column in table.columns:
         kind = type(column.type).__name__
@@ -135,7 +138,7 @@ def test_unmanaged_models_match_the_sqlalchemy_columns(django_model: Any, table:
             family(kind),
             column.type.length if kind == "String" else None,
             column.nullable and not column.primary_key,
-            bool(column.unique) or column.primary_key,
+            bool(column.unique) or column.primary_key or column.name in unique_alone,
         )
     assert fields == columns
 

@@ -83,6 +83,87 @@ def test_one_insert_per_chunk_read_lazily(clean: Engine, inserts: Inserts) -> No
     assert _count(clean) == 2500
 
 
+#: The columns a message's arguments decide (keys and times aside).
+_DECIDED = (
+    "channel",
+    "provider",
+    "recipient",
+    "payload",
+    "payload_hash",
+    "on_unknown",
+    "status",
+    "attempts",
+    "max_attempts",
+    "budget_start",
+    "needs_lookup",
+    "message_type",
+    "priority",
+)
+
+
+def _stored(engine: Engine, prefix: str) -> list[tuple[Any, ...]]:
+    m = Message.__table__.c
+    with Session(engine) as session:
+        rows = session.execute(
+            select(m.key, m.next_attempt_at, m.expires_at, m.created_at, m.updated_at, m.id)
+            .add_columns(*(m[name] for name in _DECIDED))
+            .where(m.key.like(prefix + "%"))
+            .order_by(m.id)
+        ).all()
+    found = []
+    for key, due, expires, created, updated, _, *decided in rows:
+        assert created == updated
+        after = None if expires is None else expires - due
+        found.append((key.removeprefix(prefix), due, after, *decided))
+    return found
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("size", [1, 7, 1200])
+def test_each_row_is_the_row_enqueue_writes(clean: Engine, size: int) -> None:
+    """Whatever varies from message to message (every argument, or only the key), each row
+    enqueue_many writes is the row enqueue writes for the same arguments: a chunk sends a
+    value shared by all its rows once, and the rest as arrays."""
+    later = [LATER + dt.timedelta(minutes=i % 3) for i in range(3)]
+
+    def mixed(i: int) -> dict[str, Any]:
+        varied: dict[str, Any] = {
+            "to": f"+1201555{i % 7:04d}",
+            "payload": {"body": f"x{i % 5}", "n": i % 2},
+            "key": f"{i}",
+            "send_at": later[i % 3],
+        }
+        if i % 3 == 1:
+            varied.update(type="marketing")
+        elif i % 3 == 2:
+            varied.update(channel="sms", max_attempts=2 + i % 4, on_unknown="give_up")
+        else:
+            varied.update(channel="sms")
+        return varied
+
+    def same(i: int) -> dict[str, Any]:
+        return {
+            "channel": "sms",
+            "to": "+12015550100",
+            "payload": {"body": "b"},
+            "key": f"{i}",
+            "send_at": LATER,
+        }
+
+    for name, make in (("mixed", mixed), ("same", same)):
+        with Session(clean) as session, session.begin():
+            for i in range(size):
+                args = make(i)
+                delivery.enqueue(session, **{**args, "key": f"one-{name}-{args['key']}"})
+            messages = []
+            for i in range(size):
+                args = make(i)
+                messages.append({**args, "key": f"many-{name}-{args['key']}"})
+            assert delivery.enqueue_many(session, messages).created == size
+        one, many = _stored(clean, f"one-{name}-"), _stored(clean, f"many-{name}-")
+        assert len(one) == size and many == one
+
+
 @pytest.mark.integration
 def test_same_key_same_payload_is_the_existing_message(clean: Engine) -> None:
     """A key already enqueued with the same payload, or repeated in the input, is not written

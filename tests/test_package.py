@@ -7,7 +7,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sqlalchemy import inspect
+import pytest
+from sqlalchemy import Engine, inspect, text
 
 import delivery
 from delivery.pipeline.models import Base
@@ -69,8 +70,39 @@ def test_migrations_match_models(tmp_path: Path) -> None:
     for table in Base.metadata.sorted_tables:
         migrated = {c["name"] for c in inspector.get_columns(table.name)}
         assert migrated == set(table.columns.keys()), table.name
+        # SQLite keeps the key's unique constraint of 0001 (the model's unique index).
         indexes = {i["name"] for i in inspector.get_indexes(table.name)}
+        indexes |= {u["name"] for u in inspector.get_unique_constraints(table.name)}
         assert {i.name for i in table.indexes} <= indexes, table.name
+
+
+@pytest.mark.integration
+def test_postgres_migrations_build_exactly_the_models_indexes(pg_engine: Engine) -> None:
+    """On PostgreSQL the migrated tables have exactly the indexes the models declare, each
+    with the same definition (columns, uniqueness, operator class, predicate): the models
+    are created in a schema of their own and the two are compared."""
+
+    def definitions(schema: str) -> dict[str, set[str]]:
+        rows = conn.execute(
+            text("SELECT tablename, indexdef FROM pg_indexes WHERE schemaname = :s"),
+            {"s": schema},
+        ).all()
+        found: dict[str, set[str]] = {}
+        for table, definition in rows:
+            found.setdefault(table, set()).add(definition.replace(f" {schema}.", " "))
+        return found
+
+    with pg_engine.begin() as conn:
+        conn.execute(text("DROP SCHEMA IF EXISTS model_check CASCADE"))
+        conn.execute(text("CREATE SCHEMA model_check"))
+        try:
+            mapped = conn.execution_options(schema_translate_map={None: "model_check"})
+            Base.metadata.create_all(mapped)
+            declared, migrated = definitions("model_check"), definitions("public")
+        finally:
+            conn.execute(text("DROP SCHEMA model_check CASCADE"))
+    for table in Base.metadata.sorted_tables:
+        assert migrated[table.name] == declared[table.name], table.name
 
 
 def test_ruff_and_mypy_are_clean() -> None:

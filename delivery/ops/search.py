@@ -7,10 +7,11 @@ index answers without reading the table in full, whatever its size (``tests/test
 shows the plans on PostgreSQL):
 
 - no filter, time range, type: the primary key, walked backwards from ``before``;
-- ``key``: the unique index (exact), or a prefix (``order-42*``) on
-  ``ix_delivery_messages_key_prefix`` (``varchar_pattern_ops``, PostgreSQL) or the unique
-  index's binary order (SQLite);
-- ``status``, ``provider``, ``code``: ``ix_delivery_messages_{status,provider,code}_id``.
+- ``key``: the unique index ``uq_delivery_messages_key``, exact or a prefix (``order-42*``):
+  on PostgreSQL it is in ``varchar_pattern_ops`` (``LIKE 'x%'`` under any collation), on
+  SQLite a range in its binary order;
+- ``status``, ``provider``, ``code``: ``ix_delivery_messages_{status,provider,code}_id`` (the
+  code's holds only rows with a code: ``last_error_code = :code`` implies it).
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ and run on the session's own connection by SQLAlchemy's cursor-level execution: 
 ``before/after_cursor_execute`` events, echo, ``hide_parameters`` and error wrapping apply as
 for any statement, without compiling or building a result per call; the cursor is kept per
 database connection, and psycopg prepares the statement on the server after a few uses. A
-chunk is one array per column, sent in binary (``%b``: psycopg's text arrays quote every
-element in Python) and unnested by the server. Elsewhere they are cached Core statements.
+chunk is arrays, sent in binary (``%b``: psycopg's text arrays quote every element in Python)
+and unnested by the server: one per column, except that a column with one value in all the
+chunk's rows is sent as that value and a column equal to an earlier one reuses its array
+(``_shape``). Elsewhere they are cached Core statements.
 
 The returned ``Message`` is built the way the ORM builds a loaded one (its state filled with
 the row, its identity key set) and added to the session: nothing to flush, nothing to load.
@@ -119,8 +121,9 @@ def send_chunk(session: Session, rows: list[dict[str, Any]]) -> Callable[[], dic
         arrays = [[row[name] for row in rows] for name in COLUMNS]
         serialize = _serializer(conn)
         arrays[_PAYLOAD] = [serialize(payload) for payload in arrays[_PAYLOAD]]
+        shape, params = _shape(arrays)
         cursor: Any = conn.connection.cursor()  # its own: the answer is read later
-        conn._cursor_execute(cursor, _pg_chunk(), arrays)
+        conn._cursor_execute(cursor, _pg_chunk(shape), params)
 
         def answer() -> dict[str, int]:
             with cursor:
@@ -182,23 +185,80 @@ def _cursor(conn: Connection) -> Any:
     return cursor
 
 
-@functools.cache
-def _pg_chunk() -> str:
-    """``INSERT .. SELECT .. FROM unnest(%b::type[], ..) ON CONFLICT (key) DO NOTHING
-    RETURNING key, id``, the types those of the model's columns (the payload sent as text,
-    cast to JSON); ``budget_start`` is 0 as in a new row."""
+#: A column of ``_shape``: one value for every row (sent once), or its own array.
+_ONE, _OWN = -1, -2
+
+
+def _shape(arrays: list[list[Any]]) -> tuple[tuple[int, ...], list[Any]]:
+    """How ``_pg_chunk`` sends each column of a chunk, and its parameters in that order.
+
+    A column with one value in every row (a campaign's channel, provider, policy, status,
+    attempts, type, priority: most of them) is sent as that value, once; a column equal to an
+    earlier one of the same SQL type (``created_at``, ``updated_at`` and ``next_attempt_at``
+    of messages due now) refers to that one's array; the rest are arrays. psycopg builds a
+    binary array element by element in Python: this sends about a third of them. The key is
+    always an array (it is what ``RETURNING`` answers with)."""
+    shape: list[int] = []
+    ones: list[Any] = []
+    own: list[list[Any]] = []
+    size = len(arrays[0])
+    for index, column in enumerate(arrays):
+        first = column[0]
+        if index != _KEY and column.count(first) == size:
+            shape.append(_ONE)
+            ones.append(first)
+            continue
+        same = next(
+            (
+                earlier
+                for earlier, how in enumerate(shape)
+                if how == _OWN
+                and _KINDS[earlier] == _KINDS[index]
+                and arrays[earlier][0] == first
+                and arrays[earlier] == column
+            ),
+            None,
+        )
+        if same is None:
+            shape.append(_OWN)
+            own.append(column)
+        else:
+            shape.append(same)
+    return tuple(shape), ones + own  # the statement names the single values first
+
+
+def _column_kinds() -> tuple[str, ...]:
+    """The SQL type each of ``COLUMNS`` is sent as: the model's, strings unbounded (the
+    INSERT checks lengths: a cast would cut them), the payload as text (cast to JSON)."""
     dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
     columns = [messages_table.c[name] for name in COLUMNS]
-    kinds = [  # strings unbounded: the INSERT checks lengths (a cast would cut them)
+    return tuple(
         "TEXT" if isinstance(c.type, String) or c.name == "payload" else c.type.compile(dialect)
         for c in columns
-    ]
-    names = ", ".join(COLUMNS)
-    picked = ", ".join(f"v.{name}::JSON" if name == "payload" else f"v.{name}" for name in COLUMNS)
-    arrays = ", ".join(f"%b::{kind}[]" for kind in kinds)
+    )
+
+
+_KINDS = _column_kinds()
+_KEY = COLUMNS.index("key")
+
+
+@functools.lru_cache(maxsize=64)
+def _pg_chunk(shape: tuple[int, ...]) -> str:
+    """``INSERT .. SELECT .. FROM unnest(%b::type[], ..) ON CONFLICT (key) DO NOTHING
+    RETURNING key, id`` for a chunk of this ``_shape``: a single value is ``%b::type`` in the
+    select list, an array a column of ``unnest``; ``budget_start`` is 0 as in a new row."""
+    picked = []
+    for index, how in enumerate(shape):
+        source = COLUMNS[how if how >= 0 else index]
+        value = f"%b::{_KINDS[index]}" if how == _ONE else f"v.{source}"
+        picked.append(f"{value}::JSON" if index == _PAYLOAD else value)
+    arrayed = [index for index, how in enumerate(shape) if how == _OWN]
+    arrays = ", ".join(f"%b::{_KINDS[index]}[]" for index in arrayed)
+    names = ", ".join(COLUMNS[index] for index in arrayed)
     return (
-        f"INSERT INTO {messages_table.name} ({names}, budget_start) SELECT {picked}, 0 "
-        f"FROM unnest({arrays}) AS v({names}) ON CONFLICT (key) DO NOTHING RETURNING key, id"
+        f"INSERT INTO {messages_table.name} ({', '.join(COLUMNS)}, budget_start) "
+        f"SELECT {', '.join(picked)}, 0 FROM unnest({arrays}) AS v({names}) "
+        "ON CONFLICT (key) DO NOTHING RETURNING key, id"
     )
 
 

@@ -85,7 +85,7 @@ class Message(Base):
     __tablename__ = "delivery_messages"
 
     id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
-    key: Mapped[str] = mapped_column(String(255), unique=True)
+    key: Mapped[str] = mapped_column(String(255))
     channel: Mapped[str] = mapped_column(String(32))
     provider: Mapped[str] = mapped_column(String(64))
     recipient: Mapped[str] = mapped_column(Text)
@@ -112,6 +112,15 @@ class Message(Base):
     sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     __table_args__ = (
+        # Unique: ``enqueue``'s ON CONFLICT (key). ``varchar_pattern_ops`` (PostgreSQL) has
+        # ``=`` too, so this one index also answers the console's key prefix (LIKE 'x%') under
+        # any collation. SQLite: the table's unique constraint of this name.
+        Index(
+            "uq_delivery_messages_key",
+            "key",
+            unique=True,
+            postgresql_ops={"key": "varchar_pattern_ops"},
+        ),
         # The relay's claim reads only this small partial index, however many final rows.
         Index(
             "ix_delivery_messages_due",
@@ -129,7 +138,15 @@ class Message(Base):
         # The console's keyset pages: newest first within a status, a provider, an error code.
         Index("ix_delivery_messages_status_id", "status", "id"),
         Index("ix_delivery_messages_provider_id", "provider", "id"),
-        Index("ix_delivery_messages_code_id", "last_error_code", "id"),
+        # Only rows with a code: ``last_error_code = :code`` implies it, and a new message
+        # (or one that never failed) writes no entry here.
+        Index(
+            "ix_delivery_messages_code_id",
+            "last_error_code",
+            "id",
+            postgresql_where=text("last_error_code IS NOT NULL"),
+            sqlite_where=text("last_error_code IS NOT NULL"),
+        ),
     )
 
     def __repr__(self) -> str:
