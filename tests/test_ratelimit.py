@@ -150,7 +150,18 @@ def test_two_workers_together_stay_within_the_rate(rate_limited, stub, monkeypat
             proc.stop()
     times = sorted(r["at"] for r in stub.requests() if r["key"].startswith("rate-"))
     assert len(times) == 150 and set(stub.effects().values()) == {1}
-    steady = times[int(RATE) :]  # the bucket starts full: one second's worth goes at once
+    # The bucket's promise: in any span of w seconds at most one second's worth (the burst it
+    # starts with) plus RATE * w requests. Measured at the stub, a request may arrive up to
+    # JITTER s later than its token was taken, so a span holds up to RATE * JITTER more. (Not
+    # a mean rate after the first RATE requests: tokens that accrue while the burst is sent
+    # belong to the burst, and a slow start moves them into that mean.)
+    jitter = 0.25
+    worst = max(
+        (j - i + 1) - RATE * (times[j] - times[i])
+        for i in range(len(times))
+        for j in range(i, len(times))
+    )
+    assert worst <= RATE * (1 + jitter), (worst, times)
+    steady = times[int(RATE) :]
     rate = (len(steady) - 1) / (steady[-1] - steady[0])
-    assert rate <= RATE * 1.15, rate
     assert rate >= RATE * 0.5, rate  # limited, not starved
