@@ -32,7 +32,14 @@ from delivery.config.settings import ProviderConfig, Settings
 from delivery.pipeline import outbox
 from delivery.pipeline.status import FINAL
 from delivery.runtime.db import make_engine, upgrade
-from delivery.testing.processes import ServiceProcess, beat, stub_provider, worker
+from delivery.testing.processes import (
+    ServiceProcess,
+    beat,
+    start_all,
+    stop_all,
+    stub_provider,
+    worker,
+)
 from delivery.testing.stub_provider import StubClient
 from tests.faultproxy import FaultProxy
 
@@ -289,25 +296,31 @@ class Pipeline:
         self.beat: ServiceProcess | None = None
         self.kills = 0
 
-    def start_worker(self, extra: Sequence[str] = ()) -> None:
-        """Start the worker (``extra``: more ``celery worker`` arguments, e.g. ``--include``)."""
-        self.worker = worker(
+    def _worker(self, extra: Sequence[str] = ()) -> ServiceProcess:
+        return worker(
             self.logs / "worker.log",
             env=self.env,
             concurrency=self.concurrency,
             cwd=ROOT,
             extra=extra,
-        ).start()
+        )
 
-    def start_beat(self) -> None:
+    def _beat(self) -> ServiceProcess:
         schedule = self.logs / "beat-schedule"
         for old in self.logs.glob("beat-schedule*"):
             old.unlink()
-        self.beat = beat(self.logs / "beat.log", schedule, env=self.env, cwd=ROOT).start()
+        return beat(self.logs / "beat.log", schedule, env=self.env, cwd=ROOT)
+
+    def start_worker(self, extra: Sequence[str] = ()) -> None:
+        """Start the worker (``extra``: more ``celery worker`` arguments, e.g. ``--include``)."""
+        self.worker = self._worker(extra).start()
+
+    def start_beat(self) -> None:
+        self.beat = self._beat().start()
 
     def start(self) -> Pipeline:
-        self.start_worker()
-        self.start_beat()
+        """Start worker and beat side by side (their start-ups overlap)."""
+        self.worker, self.beat = start_all([self._worker(), self._beat()])
         return self
 
     def kill_worker(self) -> None:
@@ -321,9 +334,7 @@ class Pipeline:
             self.beat.stop()
 
     def stop(self) -> None:
-        for proc in (self.beat, self.worker):
-            if proc is not None:
-                proc.stop()
+        stop_all([proc for proc in (self.beat, self.worker) if proc is not None])
 
     def logs_text(self) -> str:
         return "".join(

@@ -7,12 +7,11 @@ and that its fault really hit."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
 from tests import chaos
-from tests.chaos_cluster import RABBITMQ_URL, Cluster, ServiceMissing
+from tests.chaos_cluster import RABBITMQ_URL, Cluster
 
 pytestmark = pytest.mark.integration
 
@@ -24,23 +23,6 @@ def _missing(what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} (CI=true: services are required)")
     pytest.skip(what)
-
-
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A private PostgreSQL, Redis and stub provider for this module; removed afterwards
-    (kept, with every process log, if a test failed)."""
-    box = Cluster()
-    try:
-        box.start()
-    except ServiceMissing as exc:
-        _missing(str(exc))
-    failed_before = request.session.testsfailed
-    yield box
-    keep = request.session.testsfailed > failed_before
-    box.stop(keep=keep)
-    if keep:
-        print(f"\nchaos cluster logs kept in {box.dir}")
 
 
 @pytest.fixture
