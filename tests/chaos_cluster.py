@@ -53,6 +53,7 @@ __all__ = [
     "PrivatePostgres",
     "PrivateRedis",
     "ServiceMissing",
+    "campaign_size",
     "free_port",
     "no_nudge",
     "overrides",
@@ -63,6 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RABBITMQ_URL = os.environ.get("DELIVERY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 QUEUE = "delivery"
 # Messages per campaign (``enqueue_many``) in the feeder: two ``deliver_batch`` tasks of 50.
+# A run of fewer than ``2 * CAMPAIGN`` messages has campaigns of half its messages
+# (``campaign_size``); one of at least ``batch_size`` (50) still goes out as a batch task.
 CAMPAIGN = 100
 
 
@@ -493,8 +496,8 @@ class Cluster:
                     pipe.start()
                 yield pipe, settings
         finally:
+            self.proxy.clear()  # first: sends held by a latency finish, so the worker stops
             pipe.stop()
-            self.proxy.clear()
             with contextlib.suppress(Exception):
                 self.purge_broker(broker)
 
@@ -556,6 +559,12 @@ def message_for(prefix: str, i: int) -> dict[str, Any]:
     )
 
 
+def campaign_size(n: int) -> int:
+    """Messages per campaign in a run of ``n``: ``CAMPAIGN``, or half of a smaller run, so
+    that half of every run goes through ``enqueue_many`` whatever its size."""
+    return max(1, min(CAMPAIGN, n // 2))
+
+
 def _plan(n: int, batch: int, campaign: int = CAMPAIGN) -> Iterator[tuple[int, int, bool]]:
     """The feeder's transactions as ``(first, last, campaign)``: in every ``2 * campaign``
     messages, the first half goes ``batch`` per transaction through ``enqueue`` (delivered one
@@ -585,6 +594,7 @@ class Feeder:
     duration: float
     batch: int = 5
     options: Callable[[int], dict[str, Any]] = field(default=lambda i: {})
+    campaign: int = CAMPAIGN
     keys: list[str] = field(default_factory=list)
     retried: int = 0
     started: float = 0.0
@@ -607,7 +617,7 @@ class Feeder:
 
     def _run(self) -> None:
         try:
-            for first, last, campaign in _plan(self.n, self.batch):
+            for first, last, campaign in _plan(self.n, self.batch, self.campaign):
                 due = self.started + self.duration * first / max(self.n, 1)
                 time.sleep(max(0.0, due - time.monotonic()))
                 batch = [
