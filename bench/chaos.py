@@ -222,7 +222,8 @@ def write(
         "- **drain**: seconds from the first enqueue until every message is final; **after the "
         "fault**: from the end of the fault (restart done, provider back) until then.",
         "",
-        "The same functions run at N = 200 in [`tests/test_chaos.py`](../tests/test_chaos.py). "
+        "The same functions run at N = 200 (100 for the lost-answer scenarios) in "
+        "[`tests/test_chaos.py`](../tests/test_chaos.py). "
         f"Settings of every run (`ChaosConfig`, seconds): {_defaults()}; a scenario's own "
         "changes are listed under `settings` in its figures.",
         "",

@@ -10,7 +10,8 @@ is open, and measures what guarantees G1-G5 promise:
 
 Each scenario is a function ``(cluster, n, broker) -> Report``; a report lists its
 ``failures`` (empty when every guarantee held). ``tests/test_chaos.py`` asserts on reports at
-N = 200; ``bench/chaos.py`` runs the same functions at a larger N and writes
+N = 200 (100 for the lost-answer scenarios); ``bench/chaos.py`` runs the same functions at a
+larger N and writes
 ``bench/RELIABILITY.md`` from them.
 """
 
@@ -31,7 +32,15 @@ from sqlalchemy import text
 from delivery.config.settings import Settings
 from delivery.pipeline.models import utcnow
 from delivery.pipeline.status import FINAL
-from tests.chaos_cluster import ChaosConfig, Cluster, Feeder, Pipeline, overrides, wait_until
+from tests.chaos_cluster import (
+    ChaosConfig,
+    Cluster,
+    Feeder,
+    Pipeline,
+    campaign_size,
+    overrides,
+    wait_until,
+)
 
 __all__ = ["BATCH_DONE", "SCENARIOS", "Report", "Scenario"]
 
@@ -109,6 +118,7 @@ class Run:
             self.report.messages,
             duration,
             options=options or (lambda i: {}),
+            campaign=campaign_size(self.report.messages),
         ).start()
 
     def recovered(self) -> None:
@@ -220,6 +230,8 @@ def _pipeline_figures(run: Run) -> None:
     batches = re.findall(BATCH_DONE, run.pipe.logs_text())
     report.figures["batch_tasks"] = len(batches)
     report.figures["in_batches"] = sum(int(n) for b in batches for n in re.findall(r"\d+", b))
+    # Half of every run is enqueued as campaigns: the batch path must have met the fault too.
+    report.check(bool(batches), "no deliver_batch task ran: the batch path was not driven")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -357,6 +369,7 @@ def redis_restarted(cluster: Cluster, n: int, broker: str = "redis", down: float
             f"(and {unacked} entries of prefetched ones) lost with it"
         )
         _pipeline_figures(run)
+        report.check(queued > 0, "the restart lost no deliver task: the fault never hit")
     return report
 
 

@@ -32,7 +32,14 @@ from delivery.config.settings import ProviderConfig, Settings
 from delivery.pipeline import outbox
 from delivery.pipeline.status import FINAL
 from delivery.runtime.db import make_engine, upgrade
-from delivery.testing.processes import ServiceProcess, beat, stub_provider, worker
+from delivery.testing.processes import (
+    ServiceProcess,
+    beat,
+    start_all,
+    stop_all,
+    stub_provider,
+    worker,
+)
 from delivery.testing.stub_provider import StubClient
 from tests.faultproxy import FaultProxy
 
@@ -46,6 +53,7 @@ __all__ = [
     "PrivatePostgres",
     "PrivateRedis",
     "ServiceMissing",
+    "campaign_size",
     "free_port",
     "no_nudge",
     "overrides",
@@ -56,6 +64,8 @@ ROOT = Path(__file__).resolve().parents[1]
 RABBITMQ_URL = os.environ.get("DELIVERY_TEST_AMQP_URL", "amqp://guest:guest@127.0.0.1:5672//")
 QUEUE = "delivery"
 # Messages per campaign (``enqueue_many``) in the feeder: two ``deliver_batch`` tasks of 50.
+# A run of fewer than ``2 * CAMPAIGN`` messages has campaigns of half its messages
+# (``campaign_size``); one of at least ``batch_size`` (50) still goes out as a batch task.
 CAMPAIGN = 100
 
 
@@ -289,25 +299,31 @@ class Pipeline:
         self.beat: ServiceProcess | None = None
         self.kills = 0
 
-    def start_worker(self, extra: Sequence[str] = ()) -> None:
-        """Start the worker (``extra``: more ``celery worker`` arguments, e.g. ``--include``)."""
-        self.worker = worker(
+    def _worker(self, extra: Sequence[str] = ()) -> ServiceProcess:
+        return worker(
             self.logs / "worker.log",
             env=self.env,
             concurrency=self.concurrency,
             cwd=ROOT,
             extra=extra,
-        ).start()
+        )
 
-    def start_beat(self) -> None:
+    def _beat(self) -> ServiceProcess:
         schedule = self.logs / "beat-schedule"
         for old in self.logs.glob("beat-schedule*"):
             old.unlink()
-        self.beat = beat(self.logs / "beat.log", schedule, env=self.env, cwd=ROOT).start()
+        return beat(self.logs / "beat.log", schedule, env=self.env, cwd=ROOT)
+
+    def start_worker(self, extra: Sequence[str] = ()) -> None:
+        """Start the worker (``extra``: more ``celery worker`` arguments, e.g. ``--include``)."""
+        self.worker = self._worker(extra).start()
+
+    def start_beat(self) -> None:
+        self.beat = self._beat().start()
 
     def start(self) -> Pipeline:
-        self.start_worker()
-        self.start_beat()
+        """Start worker and beat side by side (their start-ups overlap)."""
+        self.worker, self.beat = start_all([self._worker(), self._beat()])
         return self
 
     def kill_worker(self) -> None:
@@ -321,9 +337,7 @@ class Pipeline:
             self.beat.stop()
 
     def stop(self) -> None:
-        for proc in (self.beat, self.worker):
-            if proc is not None:
-                proc.stop()
+        stop_all([proc for proc in (self.beat, self.worker) if proc is not None])
 
     def logs_text(self) -> str:
         return "".join(
@@ -482,8 +496,8 @@ class Cluster:
                     pipe.start()
                 yield pipe, settings
         finally:
+            self.proxy.clear()  # first: sends held by a latency finish, so the worker stops
             pipe.stop()
-            self.proxy.clear()
             with contextlib.suppress(Exception):
                 self.purge_broker(broker)
 
@@ -545,6 +559,12 @@ def message_for(prefix: str, i: int) -> dict[str, Any]:
     )
 
 
+def campaign_size(n: int) -> int:
+    """Messages per campaign in a run of ``n``: ``CAMPAIGN``, or half of a smaller run, so
+    that half of every run goes through ``enqueue_many`` whatever its size."""
+    return max(1, min(CAMPAIGN, n // 2))
+
+
 def _plan(n: int, batch: int, campaign: int = CAMPAIGN) -> Iterator[tuple[int, int, bool]]:
     """The feeder's transactions as ``(first, last, campaign)``: in every ``2 * campaign``
     messages, the first half goes ``batch`` per transaction through ``enqueue`` (delivered one
@@ -574,6 +594,7 @@ class Feeder:
     duration: float
     batch: int = 5
     options: Callable[[int], dict[str, Any]] = field(default=lambda i: {})
+    campaign: int = CAMPAIGN
     keys: list[str] = field(default_factory=list)
     retried: int = 0
     started: float = 0.0
@@ -596,7 +617,7 @@ class Feeder:
 
     def _run(self) -> None:
         try:
-            for first, last, campaign in _plan(self.n, self.batch):
+            for first, last, campaign in _plan(self.n, self.batch, self.campaign):
                 due = self.started + self.duration * first / max(self.n, 1)
                 time.sleep(max(0.0, due - time.monotonic()))
                 batch = [

@@ -195,16 +195,14 @@ def stub(pg_engine: Engine):  # type: ignore[no-untyped-def]
 @pytest.fixture(scope="session")
 def pipeline(pg_engine: Engine, broker_ready: None, stub):  # type: ignore[no-untyped-def]
     """A running celery worker and celery beat against the suite's database and broker."""
-    from delivery.testing.processes import beat, worker
+    from delivery.testing.processes import beat, start_all, stop_all, worker
 
     flush_broker()
-    procs = [
-        worker(RUN_DIR / "worker.log").start(),
-        beat(RUN_DIR / "beat.log", RUN_DIR / "beat-schedule").start(),
-    ]
+    procs = start_all(
+        [worker(RUN_DIR / "worker.log"), beat(RUN_DIR / "beat.log", RUN_DIR / "beat-schedule")]
+    )
     yield procs
-    for proc in procs:
-        proc.stop()
+    stop_all(procs)
 
 
 @pytest.fixture
@@ -221,6 +219,28 @@ def clean(pg_engine: Engine, stub, redis_client) -> Engine:  # type: ignore[no-u
 def live(pipeline, clean: Engine) -> Engine:  # type: ignore[no-untyped-def]
     """The whole pipeline running, on an empty outbox."""
     return clean
+
+
+@pytest.fixture(scope="session")
+def cluster(request: pytest.FixtureRequest):  # type: ignore[no-untyped-def]
+    """A private PostgreSQL, Redis and stub provider (``tests/chaos_cluster.py``), started once
+    for the session and shared by the modules that run on it: each run on it
+    (``Cluster.pipeline``) starts from an empty outbox, broker and shared state, a stub and a
+    proxy without faults. Removed at the end (kept, with every process log, if a test failed
+    meanwhile)."""
+    from tests.chaos_cluster import Cluster, ServiceMissing
+
+    box = Cluster()
+    try:
+        box.start()
+    except ServiceMissing as exc:
+        need("the private cluster", exc)
+    failed_before = request.session.testsfailed
+    yield box
+    keep = request.session.testsfailed > failed_before
+    box.stop(keep=keep)
+    if keep:
+        print(f"\nchaos cluster logs kept in {box.dir}")
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 60.0, every: float = 0.2) -> None:

@@ -123,7 +123,7 @@ class _Link:
                     self.fate = self.proxy._draw()
                     latency = self.proxy.faults.latency_ms
                     if latency:
-                        time.sleep(latency / 1000.0)
+                        self.proxy._calm.wait(latency / 1000.0)
                 self._throttle(len(data))
                 self.upstream.sendall(data)
         except OSError:
@@ -173,6 +173,9 @@ class FaultProxy:
         self._acceptor: threading.Thread | None = None
         self._port = port
         self._stopped = False
+        # Set (and replaced by a fresh one) when the faults are cleared: an exchange waiting
+        # out its latency goes on at once, so that a worker can finish its sends and stop.
+        self._calm = threading.Event()
 
     # --- lifecycle ----------------------------------------------------------------------------
 
@@ -219,9 +222,11 @@ class FaultProxy:
             return self.faults
 
     def clear(self) -> None:
-        """Every fault off and listening again."""
+        """Every fault off and listening again; exchanges waiting out a latency go on now."""
         with self._lock:
             self.faults = Faults()
+            calm, self._calm = self._calm, threading.Event()
+        calm.set()
         self.resume()
 
     def refuse(self, *, cut: bool = True) -> None:

@@ -14,8 +14,7 @@ keeps_transaction``) and the config errors (``test_enqueue.py::test_bad_config_n
 from __future__ import annotations
 
 import datetime as dt
-import os
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -29,7 +28,7 @@ from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
 from delivery.errors import ConfigError, DeliveryError, IdempotencyConflict, InvalidMessage
 from delivery.pipeline.models import Attempt, Message
-from tests.chaos_cluster import ChaosConfig, Cluster, ServiceMissing
+from tests.chaos_cluster import ChaosConfig, Cluster
 
 SMS: dict[str, Any] = dict(channel="sms", to="+12015550123", payload={"body": "hello"})
 
@@ -233,21 +232,6 @@ def test_bad_enqueue_is_refused_specifically(clean: Engine, case: Case) -> None:
     err = refuse(clean, case.kwargs)
     assert isinstance(err, InvalidMessage) and err.field == case.field, err
     assert case.says in str(err), err
-
-
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A private PostgreSQL, Redis and stub provider (see tests/chaos_cluster.py)."""
-    box = Cluster()
-    try:
-        box.start()
-    except ServiceMissing as exc:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"{exc} (CI=true: services are required)")
-        pytest.skip(str(exc))
-    failed_before = request.session.testsfailed
-    yield box
-    box.stop(keep=request.session.testsfailed > failed_before)
 
 
 @pytest.mark.integration

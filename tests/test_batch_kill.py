@@ -14,7 +14,6 @@ from sqlalchemy.orm import Session
 import delivery
 from tests.chaos_cluster import Cluster, message_for, wait_until
 from tests.recovery import DEFAULTS
-from tests.test_chaos import cluster as cluster  # the private cluster, one per module
 
 pytestmark = pytest.mark.integration
 

@@ -55,7 +55,14 @@ from delivery.pipeline.relay import claim
 from delivery.pipeline.sender import CIRCUIT_OPEN, breaker_verdict, deliver
 from delivery.runtime.db import make_engine, upgrade
 from delivery.runtime.service import Service
-from delivery.testing.processes import ServiceProcess, beat, stub_provider, worker
+from delivery.testing.processes import (
+    ServiceProcess,
+    beat,
+    start_all,
+    stop_all,
+    stub_provider,
+    worker,
+)
 from delivery.testing.stub_provider import StubClient, StubServer
 from tests.conftest import PG_SERVER, REDIS_URL, SLOT, drained, free_port, wait_until
 
@@ -751,18 +758,20 @@ def rig(
     logs = [run / "worker1.log", run / "worker2.log"]
     procs: list[ServiceProcess] = []
     try:
-        procs.append(stub_provider(run / "stub.log", port).start())
-        for log, pool in zip(logs, ("prefork", "threads"), strict=True):
-            name = f"breaker-{pool}"
-            procs.append(
-                worker(log, env=env, pool=pool, concurrency=CONCURRENCY, name=name).start()
-            )
-        procs.append(beat(run / "beat.log", run / "beat-schedule", env=env).start())
+        procs = start_all(
+            [
+                stub_provider(run / "stub.log", port),
+                *(
+                    worker(log, env=env, pool=pool, concurrency=CONCURRENCY, name=f"breaker-{pool}")
+                    for log, pool in zip(logs, ("prefork", "threads"), strict=True)
+                ),
+                beat(run / "beat.log", run / "beat-schedule", env=env),
+            ]
+        )
         with StubClient(f"http://127.0.0.1:{port}") as stub:
             yield Rig(engine, stub, load_settings(env), logs)
     finally:
-        for proc in reversed(procs):
-            proc.stop()
+        stop_all(procs[::-1])
         redis_client.flushdb()
         engine.dispose()
         with admin.connect() as conn:

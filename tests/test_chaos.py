@@ -1,22 +1,29 @@
-"""Guarantees G1-G5 under faults (issue 3): every scenario of ``tests/chaos.py`` at N = 200 on a
-private cluster (its own PostgreSQL and Redis, real celery worker and beat, the stub provider
-over HTTP behind the fault proxy), with Redis as the broker, and scenarios 1 and 2 again with
-RabbitMQ. Each asserts: nothing lost, no key with two effects, the expected final statuses,
-and that its fault really hit."""
+"""Guarantees G1-G5 under faults (issue 3): every scenario of ``tests/chaos.py`` on a private
+cluster (its own PostgreSQL and Redis, real celery worker and beat, the stub provider over HTTP
+behind the fault proxy), with Redis as the broker, and scenarios 1 and 2 again with RabbitMQ.
+Each asserts: nothing lost, no key with two effects, the expected final statuses, that its
+fault really hit and that the batch path (half the messages, as campaigns) ran.
+
+N = 200, except ``N_LOST`` = 100 for the lost-answer scenarios (1, 8, and 1 on RabbitMQ): their
+fault hits each exchange by chance (30%), so 100 messages still meet some 40 lost answers, and
+they go out in campaigns of 50, a full ``deliver_batch`` task; their drain is bound by the
+worker threads the lost answers hold (read timeout), so it halves with N. The other scenarios
+keep 200: a flush or restart of the broker must find a backlog of tasks in it, and the kills,
+the outage, the 429 storm and the stopped beat last a fixed time that N does not shorten."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
 
 import pytest
 
 from tests import chaos
-from tests.chaos_cluster import RABBITMQ_URL, Cluster, ServiceMissing
+from tests.chaos_cluster import RABBITMQ_URL, Cluster
 
 pytestmark = pytest.mark.integration
 
 N = 200
+N_LOST = 100  # see the module docstring
 IN_CI = os.environ.get("CI") == "true"
 
 
@@ -24,23 +31,6 @@ def _missing(what: str) -> None:
     if IN_CI:
         pytest.fail(f"{what} (CI=true: services are required)")
     pytest.skip(what)
-
-
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    """A private PostgreSQL, Redis and stub provider for this module; removed afterwards
-    (kept, with every process log, if a test failed)."""
-    box = Cluster()
-    try:
-        box.start()
-    except ServiceMissing as exc:
-        _missing(str(exc))
-    failed_before = request.session.testsfailed
-    yield box
-    keep = request.session.testsfailed > failed_before
-    box.stop(keep=keep)
-    if keep:
-        print(f"\nchaos cluster logs kept in {box.dir}")
 
 
 @pytest.fixture
@@ -57,11 +47,11 @@ def check(report: chaos.Report) -> None:
 
 
 def test_lost_responses_all_sent_once(cluster: Cluster) -> None:
-    """Scenario 1: with 30% of answers swallowed after accept, all 200 end sent, one effect
-    per key, and resends were deduplicated by the provider."""
-    report = chaos.lost_responses(cluster, N)
+    """Scenario 1: with 30% of answers swallowed after accept, all end sent, one effect per
+    key, and resends were deduplicated by the provider."""
+    report = chaos.lost_responses(cluster, N_LOST)
     check(report)
-    assert report.statuses == {"sent": N}
+    assert report.statuses == {"sent": N_LOST}
 
 
 def test_worker_killed_three_times_loses_and_doubles_nothing(cluster: Cluster) -> None:
@@ -118,17 +108,17 @@ def test_beat_stopped_30s_backlog_drains(cluster: Cluster) -> None:
 def test_provider_without_dedupe_lookup_gives_one_effect(cluster: Cluster) -> None:
     """Scenario 8: a provider that ignores keys, 30% lost answers, policy lookup: one effect
     per key."""
-    report = chaos.no_dedupe_lookup(cluster, N)
+    report = chaos.no_dedupe_lookup(cluster, N_LOST)
     check(report)
-    assert report.statuses == {"sent": N}
+    assert report.statuses == {"sent": N_LOST}
 
 
 @pytest.mark.usefixtures("rabbitmq")
 def test_rabbitmq_lost_responses_all_sent_once(cluster: Cluster) -> None:
     """Scenario 9 (1 on RabbitMQ): 30% lost answers, all sent once."""
-    report = chaos.lost_responses(cluster, N, broker="rabbitmq")
+    report = chaos.lost_responses(cluster, N_LOST, broker="rabbitmq")
     check(report)
-    assert report.statuses == {"sent": N}
+    assert report.statuses == {"sent": N_LOST}
 
 
 @pytest.mark.usefixtures("rabbitmq")

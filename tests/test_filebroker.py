@@ -56,7 +56,11 @@ def _consume(folder: str, seen: multiprocessing.Queue, done: Any) -> None:  # ty
 
 
 def test_concurrent_publishers_and_consumers_take_each_message_once(tmp_path: Path) -> None:
-    ctx = multiprocessing.get_context("spawn")
+    # Fresh interpreters, not forks of this one (its threads and connections stay here); the
+    # fork server imports this module once and forks each of them from that clean process,
+    # instead of six interpreters importing kombu and celery each.
+    ctx = multiprocessing.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
     seen: multiprocessing.Queue = ctx.Queue()  # type: ignore[type-arg]
     done = ctx.Event()
     per, publishers, consumers = 300, 3, 3

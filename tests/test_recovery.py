@@ -9,7 +9,6 @@ import pytest
 from tests import recovery
 from tests.chaos_cluster import Cluster
 from tests.test_chaos import _missing, check
-from tests.test_chaos import cluster as cluster  # the private cluster, one per module
 
 pytestmark = pytest.mark.integration
 

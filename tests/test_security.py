@@ -41,7 +41,6 @@ from tests.chaos_cluster import (
     ROOT,
     ChaosConfig,
     Cluster,
-    ServiceMissing,
     free_port,
     message_for,
 )
@@ -95,18 +94,6 @@ class SecureRun:
     requests_other: list[dict[str, Any]] = field(default_factory=list)
     logs: str = ""
     show: dict[str, str] = field(default_factory=dict)
-
-
-@pytest.fixture(scope="module")
-def cluster(request: pytest.FixtureRequest) -> Iterator[Cluster]:
-    box = Cluster()
-    try:
-        box.start()
-    except ServiceMissing as exc:
-        _missing(str(exc))
-    failed_before = request.session.testsfailed
-    yield box
-    box.stop(keep=request.session.testsfailed > failed_before)
 
 
 @pytest.fixture(scope="module")

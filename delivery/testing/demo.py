@@ -23,7 +23,7 @@ from delivery.pipeline.models import Message
 from delivery.pipeline.outbox import enqueue
 from delivery.pipeline.status import FINAL, Status
 from delivery.runtime.db import make_engine, upgrade
-from delivery.testing.processes import beat, worker
+from delivery.testing.processes import beat, start_all, stop_all, worker
 from delivery.testing.stub_provider import StubServer
 
 __all__ = ["DemoReport", "run_demo"]
@@ -115,10 +115,12 @@ def run_demo(
             f"15% 503s, one invalid number)"
         )
         logs = home / "logs"
-        procs = [
-            worker(logs / "worker.log", env=env, concurrency=4).start(),
-            beat(logs / "beat.log", home / "beat-schedule", env=env).start(),
-        ]
+        procs = start_all(
+            [
+                worker(logs / "worker.log", env=env, concurrency=4),
+                beat(logs / "beat.log", home / "beat-schedule", env=env),
+            ]
+        )
         try:
             deadline = time.monotonic() + timeout
             prefix = f"demo-{run}-%"
@@ -134,8 +136,7 @@ def run_demo(
                     break
                 time.sleep(0.5)
         finally:
-            for proc in procs:
-                proc.stop()
+            stop_all(procs)
         engine.dispose()
         effects = {k: n for k, n in stub.effects().items() if k.startswith(f"demo-{run}-")}
         requests = stub.requests()
