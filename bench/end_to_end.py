@@ -280,45 +280,70 @@ def _split(result: dict[str, Any]) -> str:
     )
 
 
+def _median_run(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The run with the median rate of ``runs`` (an odd count), with every round's rate."""
+    ordered = sorted(runs, key=lambda r: r["rate"])
+    middle = dict(ordered[len(ordered) // 2])
+    middle["rounds"] = [r["rate"] for r in runs]
+    return middle
+
+
 def backlog_main(
-    messages: int, pools: list[tuple[str, int]], only: frozenset[str] | None = None
+    messages: int,
+    pools: list[tuple[str, int]],
+    only: frozenset[str] | None = None,
+    rounds: int = 3,
 ) -> None:
-    figures: dict[str, Any] = {"messages": messages, "mode": "backlog"}
+    """Per pool: ``alone`` and ``batch`` in ``rounds`` alternating pairs (the ratio is of
+    their medians: two runs of one path, minutes apart, differ by up to 1.5x on 2 shared
+    cores), then ``single`` and ``batch_no_events`` once each."""
+    figures: dict[str, Any] = {"messages": messages, "mode": "backlog", "rounds": rounds}
     rows = []
+    runs = {run[0]: run for run in BACKLOG_RUNS if only is None or run[0] in only}
+    paired = [name for name in ("alone", "batch") if name in runs]
+    once = [name for name in runs if name not in paired]
     with session() as procs:
         engine = fresh_database()
         stub = procs.stub()
         stub_pid = procs.pids()[-1]
-        for index, (pool, concurrency) in enumerate(pools):
-            runs = BACKLOG_RUNS if index % 2 == 0 else list(reversed(BACKLOG_RUNS))
-            runs = [run for run in runs if only is None or run[0] in only]
-            results: dict[str, Any] = {}
-            for run in runs:
-                log(f"backlog {messages}, {pool} x{concurrency}: {run[0]}")
-                results[run[0]] = backlog_run(
+        for pool, concurrency in pools:
+            done: dict[str, list[dict[str, Any]]] = {name: [] for name in runs}
+            schedule = [
+                name
+                for r in range(rounds)
+                for name in (paired if r % 2 == 0 else list(reversed(paired)))
+            ] + once
+            for name in schedule:
+                log(f"backlog {messages}, {pool} x{concurrency}: {name}")
+                result = backlog_run(
                     engine,
                     procs,
                     stub,
                     stub_pid,
-                    run=run,
+                    run=runs[name],
                     pool=pool,
                     concurrency=concurrency,
                     messages=messages,
                 )
-                log(f"  {results[run[0]]}")
+                log(f"  {result}")
+                done[name].append(result)
+            results = {name: _median_run(got) for name, got in done.items() if got}
             figures[f"backlog {pool}:{concurrency}"] = results
             if only is not None:  # a partial run (diagnosis): no table rows
                 continue
             alone, batch = results["alone"], results["batch"]
             single, quiet = results["single"], results["batch_no_events"]
             what = f"{messages:,}-message backlog, {pool} x{concurrency}"
+            pairs = ", ".join(
+                f"{b:,.0f}/{a:,.0f}" for b, a in zip(batch["rounds"], alone["rounds"], strict=True)
+            )
             rows.append(
                 row(
-                    f"end to end, {what}",
+                    f"end to end, {what} (median of {rounds} alternating pairs)",
                     batch["rate"] / alone["rate"],
                     ">= 1.5x (aim 2.5x)",
                     batch["rate"] / alone["rate"] >= 1.5,
-                    _split(batch),
+                    f"{_split(batch)}; rounds batch/alone msg/s {pairs}",
                     f"Celery alone {_split(alone)}",
                 )
             )
@@ -340,7 +365,7 @@ def backlog_main(
                     "(cost)",
                     None,
                     f"events on {_split(batch)}",
-                    f"events off {_split(quiet)}",
+                    f"events off {_split(quiet)} (one run)",
                 )
             )
         if only is None:
@@ -370,13 +395,16 @@ def main() -> None:
     parser.add_argument(
         "--runs", default=None, help="--backlog: only these runs (alone,single,batch,...)"
     )
+    parser.add_argument(
+        "--rounds", type=int, default=3, help="--backlog: alternating alone/batch pairs (odd)"
+    )
     args = parser.parse_args()
     if args.backlog and args.pools == parser.get_default("pools"):
         args.pools = "prefork:2,threads:4"
     pools = [(p, int(c)) for p, c in (spec.split(":") for spec in args.pools.split(","))]
     if args.backlog:
         only = frozenset(args.runs.split(",")) if args.runs else None
-        backlog_main(args.messages, pools, only)
+        backlog_main(args.messages, pools, only, args.rounds)
         return
     modes = [int(n) for n in args.per_tx.split(",")]
     paths = ["alone", "delivery"] + (["alone_matched"] if args.matched else [])
