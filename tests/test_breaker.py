@@ -8,6 +8,7 @@ suite can take their messages.
 
 from __future__ import annotations
 
+import datetime as dt
 import itertools
 import json
 import logging
@@ -33,6 +34,8 @@ from delivery.errors import ConfigError
 from delivery.guards.breaker import (
     HALF_OPEN_POLL,
     CircuitBreaker,
+    Permit,
+    Recorded,
     Verdict,
     add_breaker_hook,
     remove_breaker_hook,
@@ -40,7 +43,8 @@ from delivery.guards.breaker import (
 from delivery.guards.breaker_machine import probe_rule
 from delivery.guards.redis_client import redis_client as make_client
 from delivery.pipeline import outbox
-from delivery.pipeline.models import Message
+from delivery.pipeline.batch import deliver_many
+from delivery.pipeline.models import Attempt, Message, utcnow
 from delivery.pipeline.outcomes import (
     Absent,
     Delivered,
@@ -65,6 +69,9 @@ from delivery.testing.processes import (
 )
 from delivery.testing.stub_provider import StubClient, StubServer
 from tests.conftest import PG_SERVER, REDIS_URL, SLOT, drained, free_port, wait_until
+from tests.fence_kit import fence_db, fence_engine
+
+__all__ = ["fence_db", "fence_engine"]  # fixtures, used by name
 
 # ---------------------------------------------------------------------------------------------
 # The state machine, on both backends
@@ -256,6 +263,31 @@ def test_probes_reopen_it_once_their_failure_rate_cannot_fall_below(backend: Bac
     assert refused.retry_at is not None and refused.retry_at > time.time() + 0.2
 
 
+def test_record_tells_a_failed_probe_and_until_when_it_is_open(backend: Backend) -> None:
+    """``record``'s answer: a failure that leaves it closed, or a good probe, says nothing; the
+    failure that opens it, and a failed probe that reopens it, give the next probe time; every
+    failed probe says so (the sender gives its attempt back)."""
+    b = backend.breaker(reset_timeout=0.3, consecutive_failures=2)
+    assert b.record(b.allow(), F) == Recorded()
+    before = time.time()
+    tripped = b.record(b.allow(), F)
+    assert not tripped.probe_failed and tripped.retry_at is not None
+    assert before + 0.25 < tripped.retry_at < time.time() + 0.35
+    late = b.record(Permit(True, "closed", backend.kind), F)  # a call in flight when it opened
+    assert late.retry_at == pytest.approx(tripped.retry_at, abs=1e-5)
+    time.sleep(0.35)
+    reopen_at = probe_rule(b.config.half_open_probes, b.config.failure_rate)[1]
+    for _ in range(reopen_at - 1):
+        assert b.record(b.allow(), F) == Recorded(probe_failed=True)
+    before = time.time()
+    reopened = b.record(b.allow(), F)
+    assert reopened.probe_failed and reopened.retry_at is not None
+    assert before + 0.25 < reopened.retry_at < time.time() + 0.35
+    time.sleep(0.35)
+    assert b.record(b.allow(), S) == Recorded()
+    assert b.record(b.allow(), N) == Recorded()
+
+
 def test_probes_close_it_once_their_failure_rate_cannot_reach_it(backend: Backend) -> None:
     """Two failed probes and three good ones (one at a time: a second caller is told to come
     back within HALF_OPEN_POLL) close it; the window and the run are forgotten."""
@@ -378,8 +410,16 @@ def test_both_machines_answer_the_same_to_the_same_steps(redis_client: Any) -> N
                     answers.append(None)
                 else:
                     permit = b.allow()
-                    b.record(permit, verdict)
-                    answers.append((permit.allowed, permit.probe, permit.state))
+                    recorded = b.record(permit, verdict)
+                    answers.append(
+                        (
+                            permit.allowed,
+                            permit.probe,
+                            permit.state,
+                            recorded.probe_failed,
+                            recorded.retry_at is None,
+                        )
+                    )
                 status = b.status()
                 answers[-1] = (answers[-1], status.state, status.failures, status.calls)
             assert answers[0] == answers[1], f"step {step}: {answers}"
@@ -676,6 +716,102 @@ def test_sender_parks_without_an_attempt_on_the_local_fallback(
             service.close()
 
 
+@pytest.mark.integration
+@pytest.mark.parametrize("path", ["single", "batch"])
+@pytest.mark.parametrize("store", ["redis", "local"])
+def test_failed_probes_spend_no_attempt_however_long_the_outage(
+    store: str, path: str, fence_db: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """G5 through an outage of twice max_attempts probes, one message carrying every probe
+    (the breaker opens at its first 503; three failed probes reopen it): each probe is one
+    request and one recorded attempt, given back; after a probe that reopens it the message
+    waits for the next probe time; it never ends dead, and once the provider is back it is
+    sent with two attempts charged to it (the first 503 and the delivery)."""
+    monkeypatch.setattr(outbox, "_nudge", None)
+    name = f"probe-{uuid.uuid4().hex[:8]}"
+    with StubServer().start() as stub:
+        breaker_table = {"consecutive_failures": 1, "reset_timeout": 0.1}
+        provider = {"kind": "http", "base_url": stub.url, "breaker": breaker_table}
+        settings = settings_from_mapping(
+            {"providers": {name: provider}, "channels": {"sms": {"provider": name}}},
+            database_url=fence_db.url.render_as_string(hide_password=False),
+            broker_url="memory://",
+            redis_url=REDIS_URL if store == "redis" else None,
+        )
+        service = Service.from_settings(settings)
+        breaker = service.breaker(name)
+        budget = settings.max_attempts
+        reopen_at = probe_rule(breaker.config.half_open_probes, breaker.config.failure_rate)[1]
+        try:
+            stub.set_faults(error_rate=1.0, error_status=503)
+            with Session(service.engine) as session, session.begin():
+                outbox.enqueue(
+                    session,
+                    channel="sms",
+                    to="+12015550100",
+                    payload={"body": "x"},
+                    key=f"{name}-1",
+                    settings=settings,
+                )
+            with service.engine.begin() as conn:
+                (msg,) = claim(conn, limit=10, lease=60)
+
+            def attempt() -> Any:
+                """Wait for the breaker's next probe time, make the row due, and send it."""
+                status = breaker.status()
+                if status.state == "open" and status.next_probe_at is not None:
+                    time.sleep(max(0.0, status.next_probe_at - time.time()) + 0.01)
+                pending = row().status == "pending"
+                with service.engine.begin() as conn:
+                    conn.execute(
+                        text("UPDATE delivery_messages SET next_attempt_at = :at WHERE id = :id"),
+                        {"at": utcnow() - dt.timedelta(seconds=0.01), "id": msg.id},
+                    )
+                    if pending:
+                        assert [c.id for c in claim(conn, limit=10, lease=60)] == [msg.id]
+                if path == "single":
+                    return deliver(service, msg.id, msg.key)
+                return deliver_many(service, [(msg.id, msg.key)])[0]
+
+            def row() -> Message:
+                with Session(service.engine) as session:
+                    return session.get_one(Message, msg.id)
+
+            assert (attempt().code, breaker.status().state) == ("HTTP_503", "open")
+            probes = reopened = 0
+            while probes < 2 * budget:
+                result = attempt()
+                probes += 1
+                assert result.code == "HTTP_503", (probes, result)
+                assert result.status in ("dispatched", "pending"), (probes, result)
+                taken = row()
+                assert (taken.attempts, taken.max_attempts) == (1 + probes, budget + probes)
+                assert taken.last_error is not None and "attempt given back" in taken.last_error
+                status = breaker.status()
+                if status.state == "open":
+                    reopened += 1
+                    assert status.next_probe_at is not None
+                    due = taken.next_attempt_at.timestamp()
+                    assert due >= status.next_probe_at - 0.05, (due, status.next_probe_at)
+            assert reopened == probes // reopen_at
+            assert len(stub.requests()) == 1 + probes
+
+            stub.set_faults(error_rate=0.0)
+            result = attempt()
+            assert (result.action, result.status) == ("done", "sent"), result
+            done = row()
+            assert (done.attempts, done.max_attempts) == (probes + 2, budget + probes)
+            with Session(service.engine) as session:
+                logged = session.scalars(
+                    select(Attempt.number).where(Attempt.message_id == msg.id)
+                ).all()
+            assert sorted(logged) == list(range(1, probes + 3))
+            assert len(stub.requests()) == probes + 2
+        finally:
+            breaker.reset()
+            service.close()
+
+
 # ---------------------------------------------------------------------------------------------
 # Two real worker processes through a provider outage
 
@@ -841,7 +977,7 @@ def test_outage_sends_few_probes_per_reset_timeout_and_spends_no_attempts(fresh:
     """A 20 s run of 503s with two workers (8 slots) and the default breaker: it opens after
     a run of failures (plus the calls in flight), then the provider sees at most the probes
     that reopen it (3) per reset_timeout; messages are parked instead of spending attempts,
-    and all 40 are sent after recovery."""
+    every failed probe's attempt is given back, and all 40 are sent after recovery."""
     rig = fresh
     started = time.time()
     rig.stub.set_faults(error_rate=1.0, error_status=503)
@@ -867,18 +1003,26 @@ def test_outage_sends_few_probes_per_reset_timeout_and_spends_no_attempts(fresh:
     assert len(during) <= PROBES * ((recovered - opened_at) / RESET + 1), gaps
     assert (breaker[-1]["from"], breaker[-1]["to"]) == ("half_open", "closed")
 
+    budget = rig.settings.max_attempts
     with Session(rig.engine) as session:
-        attempts = session.scalars(select(Message.attempts)).all()
+        rows = session.execute(select(Message.attempts, Message.max_attempts)).all()
+    attempts = [made for made, _ in rows]
     parks = [e for e in events if e.get("code") == CIRCUIT_OPEN and e["event"] == "transition"]
     assert sum(attempts) == len(requests), "an attempt was spent without a request"
-    # Which messages carry the probes is the relay's due order, not a quota: one message may
-    # carry several. What matters is that none was brought to its last attempt by the outage.
-    assert max(attempts) < rig.settings.max_attempts, sorted(attempts)
+    # Which message carries a probe is the relay's due order, not a quota: one message may
+    # carry many. Each failed probe's attempt is given back (its max_attempts raised by one),
+    # so the outage charges a message only the calls made before the breaker opened.
+    # Every request after GRACE is a probe, unless a call let through before it opened was
+    # slow to leave (at most the other slots): it spends its attempt.
+    given_back = sum(most - budget for _, most in rows)
+    assert len(during) - (2 * CONCURRENCY - 1) <= given_back <= len(during), len(during)
+    charged = sorted(made - (most - budget) for made, most in rows)
+    assert max(charged) < budget, charged
     assert len(parks) >= 40, len(parks)
     print(
         f"\n{len(before)} requests before open, {len(during)} probes in "
         f"{recovered - opened_at:.1f} s open, gaps {gaps}, {len(parks)} parks, "
-        f"attempts max {max(attempts)} total {sum(attempts)}"
+        f"attempts max {max(attempts)} total {sum(attempts)}, charged max {max(charged)}"
     )
 
 

@@ -49,7 +49,11 @@ closes with 6%. Closing forgets the window and the run.
 In ``half_open`` one caller at a time holds the probe token. The token expires after
 ``probe_ttl`` seconds (the send lease), so a worker that died mid-probe does not wedge it.
 Callers turned away by a probe in flight are told to come back within ``HALF_OPEN_POLL`` s.
-Probe calls are judged by the closing rule, not counted in the window.
+Probe calls are judged by the closing rule, not counted in the window. ``record`` answers
+whether the call was a failed probe and, when the breaker is open after it, its next probe
+time (``Recorded``): the sender gives a failed probe's attempt back, since a probe tests the
+provider for every message, and retries no failed call before that time
+(``delivery.pipeline.settle``).
 
 **Round trips.** The state is one Redis hash (``delivery:breaker:{NAME}``, the window's
 buckets included), changed only by one Lua script on Redis's own clock: one EVALSHA before a
@@ -104,6 +108,7 @@ __all__ = [
     "Breakers",
     "CircuitBreaker",
     "Permit",
+    "Recorded",
     "Verdict",
     "add_breaker_hook",
     "remove_breaker_hook",
@@ -139,6 +144,20 @@ class Permit:
     probe: bool = False
     token: str = ""
     retry_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """``record``'s answer. ``probe_failed``: the call was the half-open probe and it failed (the
+    breaker's test of the provider, not the message's own try: its attempt is given back).
+    ``retry_at`` (epoch seconds): the breaker is open after this call, and turns callers away
+    until then (its next probe time); None: it is not open."""
+
+    probe_failed: bool = False
+    retry_at: float | None = None
+
+
+_NOTHING = Recorded()
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,17 +249,22 @@ class CircuitBreaker:
         behind = Permit(False, reply.state, source, retry_at=reply.now + self._poll)
         return [probe, *[behind] * (count - 1)]
 
-    def record(self, permit: Permit, verdict: Verdict) -> None:
+    def record(self, permit: Permit, verdict: Verdict) -> Recorded:
         """Count one call's verdict. A failure or the probe's answer is one round trip; a
-        plain success is reported with this process's next step, a neutral answer never."""
+        plain success is reported with this process's next step, a neutral answer never. The
+        answer says whether a probe failed and, after a failure, until when the breaker is
+        open (the sender does not retry the message before then: it would only be parked)."""
         verdict = Verdict(verdict)
         if permit.source == "none":
-            return
+            return _NOTHING
         if verdict == Verdict.FAILURE or permit.probe:
-            self._run("record", permit.token, verdict, local=permit.source == "local")
-        elif verdict == Verdict.SUCCESS:
+            reply, _ = self._run("record", permit.token, verdict, local=permit.source == "local")
+            probe_failed = permit.probe and verdict == Verdict.FAILURE
+            return Recorded(probe_failed, None if reply is None else reply.next_at)
+        if verdict == Verdict.SUCCESS:
             with self._pending:
                 self._successes += 1
+        return _NOTHING
 
     def release(self, permit: Permit) -> None:
         """Give back a permit that was never used (the row was taken by another worker): a

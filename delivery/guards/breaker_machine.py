@@ -1,14 +1,16 @@
 """The circuit breaker's state machine, twice: the Lua script Redis runs for every worker, and
 its twin in this process's memory, step for step (``on_redis_error = "local"``, or no Redis).
 
-Each step takes an op (``allow``, ``record``, ``peek``, ``reset``), the caller's probe token,
-a ``Verdict``, what this process has to report since its last step (``successes``: plain
+Each step takes an op (``allow``, ``record``, ``peek``, ``reset``), the caller's probe token, a
+``Verdict``, what this process has to report since its last step (``successes``: plain
 successes, which reset the run of consecutive failures; ``released``: permits given back
-unused, which are taken off the calls of the window) and, for ``allow``, how many calls ask
-at once (``count``: a batch's rows of one provider; closed counts them all, half-open grants
-at most one probe), and answers a ``Reply``. The states and
-transitions, and what counts as a failure, are drawn in ``delivery.guards.breaker``'s
-docstring; ``tests/test_breaker.py`` runs both machines through the same steps.
+unused, which are taken off the calls of the window) and, for ``allow``, how many calls ask at
+once (``count``: a batch's rows of one provider; closed counts them all, half-open grants at
+most one probe), and answers a ``Reply``; ``next_at`` is when a refused caller may ask again
+(``allow``, ``peek``) or, after a ``record`` that leaves the breaker open, its next probe time.
+The states and transitions, and what counts as a failure, are drawn in
+``delivery.guards.breaker``'s docstring; ``tests/test_breaker.py`` runs both machines through
+the same steps.
 
 The rolling window is ``BUCKETS`` buckets of ``window / BUCKETS`` seconds, each holding the
 calls (counted by ``allow``) and the transient failures (counted by ``record``) that fell in
@@ -157,8 +159,8 @@ if successes > 0 and streak > 0 then
   redis.call('HSET', h, 'streak', 0)
 end
 local function open()
-  state = 'open'
-  redis.call('HSET', h, 'state', state, 'open_until', f(now + reset_timeout), 'probe', '',
+  state, open_until = 'open', now + reset_timeout
+  redis.call('HSET', h, 'state', state, 'open_until', f(open_until), 'probe', '',
              'probe_until', 0, 'passed', 0, 'failed', 0, 'streak', 0)
 end
 local allowed, busy, next_at = 0, 0, ''
@@ -209,6 +211,7 @@ elseif op == 'record' then
       open()
     end
   end
+  if state == 'open' then next_at = f(open_until) end
 end
 return {allowed, busy, from, state, fails, calls, next_at, f(now)}
 """
@@ -323,6 +326,8 @@ class LocalMachine:
                 ):
                     self._open(now)
             state = self._state
+            if state == BreakerState.OPEN:
+                next_at = self._open_until
         return Reply(allowed, busy, start, state, fails, calls, next_at, now)
 
 

@@ -43,7 +43,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import Row
 
-from delivery.guards.breaker import Permit
+from delivery.guards.breaker import Permit, Recorded
 from delivery.observability.events import Transition, emit
 from delivery.pipeline import outcomes, settle
 from delivery.pipeline.clock import read_with_clock, sql_now
@@ -84,12 +84,14 @@ class _Ready:
 
 @dataclass(frozen=True, slots=True)
 class _Sent:
-    """One send of the batch: the message, its outcome and how long the call took (ms);
-    ``outcome`` None: the send was not made (too late to finish within the lease)."""
+    """One send of the batch: the message, its outcome, how long the call took (ms) and what
+    the breaker answered when it was recorded; ``outcome`` None: the send was not made (too
+    late to finish within the lease)."""
 
     msg: Sending
     outcome: outcomes.Outcome | None
     latency: float
+    breaker: Recorded
 
 
 _pool: ThreadPoolExecutor | None = None
@@ -220,12 +222,12 @@ def _send_call(
     def call() -> _Sent:
         if time.monotonic() > start_by:  # could outlast its lease: not made (see step 4)
             service.breaker(msg.provider).release(ready.permit)
-            return _Sent(msg, None, 0.0)
+            return _Sent(msg, None, 0.0, Recorded())
         started = time.perf_counter()
         outcome = calls.send(service.provider(msg.provider), envelope)
         latency = (time.perf_counter() - started) * 1000.0
-        service.breaker(msg.provider).record(ready.permit, breaker_verdict(outcome))
-        return _Sent(msg, outcome, latency)
+        recorded = service.breaker(msg.provider).record(ready.permit, breaker_verdict(outcome))
+        return _Sent(msg, outcome, latency, recorded)
 
     return call
 
@@ -271,7 +273,7 @@ def _settle(service: Service, sent: Sequence[_Sent]) -> dict[int, Result]:
         elif not isinstance(s.outcome, outcomes.Delivered):
             # after_send measures from ``started``: the call's own time, not the batch's.
             started = time.perf_counter() - s.latency / 1000.0
-            results[s.msg.id] = settle.after_send(service, s.msg, s.outcome, started)
+            results[s.msg.id] = settle.after_send(service, s.msg, s.outcome, started, s.breaker)
     return results
 
 

@@ -8,14 +8,15 @@ provider's outcome then decides the next state in one transaction together with 
 attempt's log row. A task for a row that is not ``dispatched``, not yet due, or already
 taken by another worker does nothing.
 
-Before taking the row, the provider's circuit breaker (``delivery.guards.breaker``) is asked: while
-it is open (or half-open with its one probe taken) the row goes back to ``pending`` until the
-breaker's next probe time plus up to ``CIRCUIT_JITTER`` s, with code ``CIRCUIT_OPEN`` and no
-attempt spent. The adapter is called through ``delivery.providers.calls`` (any exception
-or stray value becomes an outcome, bounded and with the recipient masked); the outcome is
-then recorded in the breaker, and applied to the row by ``delivery.pipeline.settle``. The
-answer to the task is a ``Result`` whose ``action`` is one of the closed set ``Action``
-(``delivery.pipeline.transitions``).
+Before taking the row, the provider's circuit breaker (``delivery.guards.breaker``) is asked:
+while it is open (or half-open with its one probe taken) the row goes back to ``pending`` until
+the breaker's next probe time plus up to ``CIRCUIT_JITTER`` s, with code ``CIRCUIT_OPEN`` and
+no attempt spent. The adapter is called through ``delivery.providers.calls`` (any exception or
+stray value becomes an outcome, bounded and with the recipient masked); the outcome is then
+recorded in the breaker, and applied to the row by ``delivery.pipeline.settle`` with the
+breaker's answer (a failed probe gives its attempt back; a failure that leaves the breaker open
+is not retried before its next probe time). The answer to the task is a ``Result`` whose
+``action`` is one of the closed set ``Action`` (``delivery.pipeline.transitions``).
 
 Due times and leases are compared and written on the database's clock
 (``delivery.pipeline.clock``), read in the same SELECT as the row (no round trip of its own).
@@ -41,7 +42,7 @@ from delivery.pipeline.clock import read_with_clock
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
 from delivery.pipeline.policies import UnknownPolicy
-from delivery.pipeline.settle import after_lookup, after_send
+from delivery.pipeline.settle import CIRCUIT_JITTER, after_lookup, after_send, probe_wait
 from delivery.pipeline.status import Status
 from delivery.pipeline.transitions import Action, Result, Sending, extend_lease, move
 from delivery.providers import calls
@@ -67,7 +68,6 @@ CIRCUIT_OPEN = "CIRCUIT_OPEN"
 EXPIRED = "EXPIRED"
 PROVIDER_NOT_CONFIGURED = "PROVIDER_NOT_CONFIGURED"
 RATE_LIMITED = "RATE_LIMITED"
-CIRCUIT_JITTER = 1.0
 
 
 _COLUMNS = (
@@ -155,8 +155,8 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
             return lookup_result
     started = time.perf_counter()
     outcome = calls.send(provider, envelope)
-    breaker.record(permit, breaker_verdict(outcome))
-    return after_send(service, msg, outcome, started)
+    recorded = breaker.record(permit, breaker_verdict(outcome))
+    return after_send(service, msg, outcome, started, recorded)
 
 
 def in_flight(service: Service, row: Row[Any], attempt: int) -> Sending:
@@ -272,8 +272,7 @@ def circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.dateti
     """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
     without spending an attempt."""
     provider = row.provider
-    wait = max(0.0, (permit.retry_at or 0.0) - time.time())
-    wait += service.rng.uniform(0.0, CIRCUIT_JITTER)
+    wait = probe_wait(service, permit.retry_at)
     due = now + dt.timedelta(seconds=wait)
     reason = (
         f"circuit breaker of provider {provider!r} is {permit.state}; "

@@ -11,6 +11,14 @@
 - ``Unknown``: the message's policy: ``give_up`` -> ``unknown``; ``retry`` waits and sends
   again; ``lookup`` waits and asks the provider first; ``unknown`` once its attempts are spent.
 
+The circuit breaker's answer to the call (``Recorded``) weighs on both retries (G5: an outage
+spends no attempts). A failed call after which the breaker is open waits at least until its
+next probe time (plus up to ``CIRCUIT_JITTER`` s, as a parked message does): sooner it would
+only be parked. A failed half-open *probe* is the breaker's test of the provider, made for
+every message of that provider: its attempt is recorded but given back (``max_attempts`` + 1,
+as for ``IDEMPOTENCY_IN_PROGRESS``), so that however long an outage lasts and whichever message
+carries its probes, none is brought to its last attempt by them.
+
 ``after_lookup`` does the same for a lookup: ``Found`` -> ``sent``; ``Absent`` -> renew the
 lease, fenced on this attempt, and go on and send (nothing is sent if the row is no longer
 this attempt's: a lookup that outlived the lease); ``LookupFailed`` -> wait and look again
@@ -22,10 +30,12 @@ Every move goes through ``delivery.pipeline.transitions`` and emits a ``Transiti
 from __future__ import annotations
 
 import datetime as dt
+import time
 from dataclasses import replace
 
 from sqlalchemy import Connection
 
+from delivery.guards.breaker import Recorded
 from delivery.observability import events
 from delivery.pipeline import outcomes
 from delivery.pipeline.backoff import compute_backoff
@@ -45,9 +55,13 @@ from delivery.pipeline.transitions import (
 )
 from delivery.runtime.service import Service
 
-__all__ = ["after_lookup", "after_send", "emit"]
+__all__ = ["CIRCUIT_JITTER", "after_lookup", "after_send", "emit", "probe_wait"]
+
+CIRCUIT_JITTER = 1.0
+"""Up to this many seconds are added to a wait for the breaker's next probe time."""
 
 _CHANGED = Result(Action.SKIP, reason="row changed while sending")
+_NO_BREAKER = Recorded()
 
 
 def after_lookup(
@@ -83,8 +97,15 @@ def after_lookup(
     raise AssertionError(found)
 
 
-def after_send(service: Service, msg: Sending, outcome: outcomes.Outcome, started: float) -> Result:
-    """Apply a send's outcome (the table in the module docstring)."""
+def after_send(
+    service: Service,
+    msg: Sending,
+    outcome: outcomes.Outcome,
+    started: float,
+    breaker: Recorded = _NO_BREAKER,
+) -> Result:
+    """Apply a send's outcome (the table in the module docstring); ``breaker``: what the
+    provider's breaker answered when the outcome was recorded."""
     with service.engine.begin() as conn:
         log_attempt(conn, msg, "send", outcome, started)
         match outcome:
@@ -96,13 +117,13 @@ def after_send(service: Service, msg: Sending, outcome: outcomes.Outcome, starte
                 return _wait_in_progress(service, conn, msg, outcome)
             case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after):
                 failure = Failure(code, reason, "retryable", Status.DEAD, retry_after)
-                return _retry_or_stop(service, conn, msg, failure)
+                return _retry_or_stop(service, conn, msg, failure, breaker)
             case outcomes.Unknown(code=code, reason=reason):
                 if msg.policy is UnknownPolicy.GIVE_UP:
                     return _stop(conn, msg, Failure(code, reason, "unknown", Status.UNKNOWN))
                 lookup = msg.policy is UnknownPolicy.LOOKUP
                 failure = Failure(code, reason, "unknown", Status.UNKNOWN, needs_lookup=lookup)
-                return _retry_or_stop(service, conn, msg, failure)
+                return _retry_or_stop(service, conn, msg, failure, breaker)
     raise AssertionError(outcome)
 
 
@@ -139,13 +160,40 @@ def _stop(conn: Connection, msg: Sending, failure: Failure) -> Result:
     return _CHANGED
 
 
-def _retry_or_stop(service: Service, conn: Connection, msg: Sending, failure: Failure) -> Result:
-    """Wait and try again with the same key, or stop once the attempts are spent."""
-    if msg.attempt >= msg.max_attempts:
+def _retry_or_stop(
+    service: Service,
+    conn: Connection,
+    msg: Sending,
+    failure: Failure,
+    breaker: Recorded = _NO_BREAKER,
+) -> Result:
+    """Wait and try again with the same key, or stop once the attempts are spent; a failed
+    probe gives its attempt back (the module docstring)."""
+    if msg.attempt >= msg.max_attempts and not breaker.probe_failed:
         spent = f"attempts exhausted ({msg.attempt}/{msg.max_attempts}): {failure.reason}"
         return _stop(conn, msg, replace(failure, reason=spent))
     delay = compute_backoff(msg.attempt, msg.backoff, failure.retry_after, service.rng)
+    delay = _not_before_probe(service, delay, breaker)
+    if breaker.probe_failed:
+        given_back = f"circuit breaker probe, attempt given back: {failure.reason}"
+        failure = replace(failure, reason=given_back)
+        return _park(service, conn, msg, delay, failure, max_attempts=msg.max_attempts + 1)
     return _park(service, conn, msg, delay, failure)
+
+
+def _not_before_probe(service: Service, delay: float, breaker: Recorded) -> float:
+    """``delay``, or longer while the breaker is open after the call: the wait of a message it
+    parks (``probe_wait``)."""
+    if breaker.retry_at is None:
+        return delay
+    return max(delay, probe_wait(service, breaker.retry_at))
+
+
+def probe_wait(service: Service, retry_at: float | None) -> float:
+    """Seconds until the breaker's next probe time ``retry_at`` (epoch seconds; None: now),
+    plus up to ``CIRCUIT_JITTER`` s so that the messages waiting for it do not all come back
+    at once."""
+    return max(0.0, (retry_at or 0.0) - time.time()) + service.rng.uniform(0.0, CIRCUIT_JITTER)
 
 
 def _wait_in_progress(
