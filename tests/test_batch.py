@@ -151,8 +151,10 @@ def test_deliver_many_takes_only_rows_still_where_it_saw_them(clean: Engine, stu
 def test_a_send_that_could_outlast_its_lease_is_not_made(clean: Engine, stub: Any) -> None:
     """A batch's sends wait for the send pool. One that would start too late to finish within
     its row's lease (the sweeper would hand the row to another worker meanwhile) is not made:
-    its row goes back to ``pending``, due now, with its attempt given back (``SEND_LATE``)."""
+    its row goes back to ``pending``, due now, with its attempt given back (``SEND_LATE``:
+    ``max_attempts`` + 1; the attempt count, every update's fence, never goes back)."""
     stub.set_faults(delay_ms=2500)
+    budget = 5  # each row's max_attempts - attempts before the batch
     pairs = _dispatched(clean, [{"key": f"late-{i}", "recipient": OK} for i in range(3)])
     # Timeouts total 6 s (tests' config): a send may start up to 9.5 - 6/3 - 6 = 1.5 s after
     # the take; one send at a time, each answered in 2.5 s: only the first starts in time
@@ -176,6 +178,7 @@ def test_a_send_that_could_outlast_its_lease_is_not_made(clean: Engine, stub: An
                 messages_table.c.key,
                 messages_table.c.status,
                 messages_table.c.attempts,
+                messages_table.c.max_attempts - messages_table.c.attempts,
                 messages_table.c.last_error_code,
                 messages_table.c.lease_expires_at,
                 messages_table.c.next_attempt_at <= utcnow(),
@@ -183,9 +186,9 @@ def test_a_send_that_could_outlast_its_lease_is_not_made(clean: Engine, stub: An
         ).all()
         attempts = conn.execute(select(attempts_table.c.message_id)).scalars().all()
     assert [tuple(row) for row in rows] == [
-        ("late-0", "sent", 1, None, None, True),
-        ("late-1", "pending", 0, "SEND_LATE", None, True),
-        ("late-2", "pending", 0, "SEND_LATE", None, True),
+        ("late-0", "sent", 1, budget - 1, None, None, True),
+        ("late-1", "pending", 1, budget, "SEND_LATE", None, True),  # none of its budget spent
+        ("late-2", "pending", 1, budget, "SEND_LATE", None, True),
     ]
     assert attempts == [pairs[0][0]]  # no attempt row for a send that was not made
 
@@ -260,6 +263,7 @@ def test_one_batch_with_every_outcome_ends_each_message_as_the_single_path_would
                 messages_table.c.key,
                 messages_table.c.status,
                 messages_table.c.attempts,
+                messages_table.c.max_attempts - messages_table.c.attempts,
                 messages_table.c.last_error_code,
             )
         ).all()

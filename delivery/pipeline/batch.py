@@ -279,7 +279,8 @@ def _settle(service: Service, sent: Sequence[_Sent]) -> dict[int, Result]:
 
 def _give_back(service: Service, msg: Sending) -> Result:
     """A taken row whose send was not made: back to ``pending``, due now, its attempt given
-    back (fenced on this attempt: a row the sweeper already moved is left alone)."""
+    back as a 409's is (``max_attempts`` + 1: the attempt count, every update's fence, never
+    goes back); fenced on this attempt, so a row the sweeper already moved is left alone."""
     reason = "the send could not start in time to finish within its lease; not made"
     with service.engine.begin() as conn:
         done = move(
@@ -288,7 +289,7 @@ def _give_back(service: Service, msg: Sending) -> Result:
             msg.attempt,
             Status.SENDING,
             Status.PENDING,
-            attempts=msg.attempt - 1,
+            max_attempts=msg.max_attempts + 1,
             lease_expires_at=None,
             next_attempt_at=sql_now(conn),
             last_error_code=SEND_LATE,
@@ -304,7 +305,7 @@ def _give_back(service: Service, msg: Sending) -> Result:
             msg.provider,
             Status.SENDING,
             Status.PENDING,
-            msg.attempt - 1,
+            msg.attempt,
             None,
             SEND_LATE,
             0.0,
