@@ -27,6 +27,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, multiprocess
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -189,24 +190,36 @@ class WorkerMetrics:
             ["provider", "from_state", "to_state"],
             registry=registry,
         )
+        self._children: dict[tuple[object, ...], Any] = {}
+
+    def _child(self, metric: Any, *labels: str) -> Any:
+        """``metric.labels(*labels)``, kept: prometheus_client takes a lock and checks the
+        labels on every call (the worker's busiest frame on the batch path, ~6% of it)."""
+        key = (id(metric), *labels)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*labels)
+        return child
 
     def observe_transition(self, transition: Transition) -> None:
         """A transition hook (``add_hook``): count it; time a send from enqueue when it is sent."""
-        self.transitions.labels(
-            transition.provider,
+        provider = transition.provider
+        self._child(
+            self.transitions,
+            provider,
             str(transition.from_status),
             str(transition.to_status),
             transition.outcome or "",
         ).inc()
         if transition.from_status == Status.SENDING and transition.outcome:
-            self.attempts.labels(transition.provider, transition.outcome).inc()
+            self._child(self.attempts, provider, transition.outcome).inc()
         if (
             transition.to_status == Status.SENT
             and transition.from_status == Status.SENDING
             and transition.enqueued_at is not None
         ):
             seconds = (utcnow() - transition.enqueued_at).total_seconds()
-            self.latency.labels(transition.provider).observe(max(seconds, 0.0))
+            self._child(self.latency, provider).observe(max(seconds, 0.0))
 
     def observe_breaker(self, transition: BreakerTransition) -> None:
         """A breaker hook (``add_breaker_hook``): count the transition."""
