@@ -42,51 +42,47 @@ log = logging.getLogger("delivery.tasks")
 DELIVER = "delivery.deliver"
 
 
-class _Publisher:
-    """This thread's event dispatcher, kept between batches: one broker connection per
-    thread (made again after a fork, or after a failed publish), so a batch's events cost one
-    publish and no producer from the pool."""
+#: This thread's event dispatcher, kept between batches, and the (pid, hostname) it is for.
+_kept = threading.local()
 
-    _local = threading.local()
 
-    @classmethod
-    def publish(
-        cls, app: Celery, hostname: str, events: Sequence[tuple[str, dict[str, Any]]]
-    ) -> None:
-        """Publish ``events`` ((type, fields)) as one ``task.multi`` message, as Celery's
-        dispatcher flushes a buffered group: the same fields, one clock tick each."""
-        d: EventDispatcher | None = getattr(cls._local, "dispatcher", None)
-        if d is None or getattr(cls._local, "owner", None) != (os.getpid(), hostname):
-            d = app.events.Dispatcher(
-                app.connection_for_write(), hostname=hostname, buffer_while_offline=False
-            )
-            cls._local.dispatcher, cls._local.owner = d, (os.getpid(), hostname)
-        # One lock round for the batch's clock values (LamportClock.adjust: the value after
-        # is at least the one before plus len(events)).
-        last = d.clock.adjust(d.clock.value + len(events) - 1)
-        first = last - len(events) + 1
-        common = {"hostname": d.hostname, "utcoffset": utcoffset(), "pid": d.pid}
-        now = time.time()
-        body = [
-            {**common, **fields, "clock": first + i, "timestamp": now, "type": kind}
-            for i, (kind, fields) in enumerate(events)
-        ]
-        try:
-            d.producer.publish(
-                body,
-                routing_key="task.multi",
-                exchange=d.exchange.name,
-                declare=[d.exchange],
-                serializer=d.serializer,
-                headers=d.headers,
-                delivery_mode=d.delivery_mode,
-            )
-        except Exception:
-            cls._local.dispatcher = None
-            with contextlib.suppress(Exception):
-                d.close()
-                d.connection.close()
-            raise
+def _publish(app: Celery, hostname: str, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
+    """Publish ``events`` ((type, fields)) as one ``task.multi`` message, as Celery's
+    dispatcher flushes a buffered group: the same fields, one clock tick each. One broker
+    connection per thread, made again after a fork or a failed publish: no producer from the
+    pool per batch."""
+    d: EventDispatcher | None = getattr(_kept, "dispatcher", None)
+    if d is None or getattr(_kept, "owner", None) != (os.getpid(), hostname):
+        d = app.events.Dispatcher(
+            app.connection_for_write(), hostname=hostname, buffer_while_offline=False
+        )
+        _kept.dispatcher, _kept.owner = d, (os.getpid(), hostname)
+    # One lock round for the batch's clock values (LamportClock.adjust: the value after is at
+    # least the one before plus len(events)).
+    last = d.clock.adjust(d.clock.value + len(events) - 1)
+    first = last - len(events) + 1
+    common = {"hostname": d.hostname, "utcoffset": utcoffset(), "pid": d.pid}
+    now = time.time()
+    body = [
+        {**common, **fields, "clock": first + i, "timestamp": now, "type": kind}
+        for i, (kind, fields) in enumerate(events)
+    ]
+    try:
+        d.producer.publish(
+            body,
+            routing_key="task.multi",
+            exchange=d.exchange.name,
+            declare=[d.exchange],
+            serializer=d.serializer,
+            headers=d.headers,
+            delivery_mode=d.delivery_mode,
+        )
+    except Exception:
+        _kept.dispatcher = None
+        with contextlib.suppress(Exception):
+            d.close()
+            d.connection.close()
+        raise
 
 
 class _Events:
@@ -127,7 +123,7 @@ class _Events:
             return
         events, self.buffer = self.buffer, []
         try:
-            _Publisher.publish(self.task.app, self.task.request.hostname, events)
+            _publish(self.task.app, self.task.request.hostname, events)
         except Exception as exc:
             log.warning("could not send the events of batch %s: %r", self.task.request.id, exc)
 
