@@ -10,7 +10,8 @@ message waited out its dispatch lease (seen as messages stuck ``dispatched`` in 
 Here a message is written under a hidden temporary name and renamed into place, so a consumer
 only ever sees complete files; and a consumer takes a file by renaming it into the
 ``processed`` folder of the same file system (atomic: of two consumers, one wins, the other
-gets ``FileNotFoundError`` and moves on), reads it and deletes it. Selected by
+gets ``FileNotFoundError`` and moves on), reads it and deletes it. An exchange's table of
+bindings also comes into being whole (``_queue_bind``). Selected by
 ``broker_transport`` in ``tasks.app`` for ``filesystem://`` URLs.
 """
 
@@ -67,6 +68,25 @@ class Channel(filesystem.Channel):  # type: ignore[misc]
                     mine.unlink(missing_ok=True)
             return loads(payload.decode())  # type: ignore[no-untyped-call]
         raise Empty()
+
+    def _queue_bind(self, exchange: str, routing_key: str, pattern: str, queue: str) -> None:
+        """kombu creates a missing exchange table empty (``open('wb')``) and only then locks
+        and writes it: a second process binding at that instant reads the empty file
+        (``JSONDecodeError``). Here the table comes into being with its content, an empty
+        list linked into place (one process wins, the others find it), and kombu's locked
+        read-modify-write then adds the binding."""
+        file = Path(self._exchange_file(exchange))  # type: ignore[no-untyped-call]
+        if not file.exists():
+            Path(self.control_folder).mkdir(parents=True, exist_ok=True)
+            partial = file.with_name(f"{WRITING}{uuid.uuid4()}-{file.name}")
+            partial.write_bytes(b"[]")
+            try:
+                os.link(partial, file)
+            except FileExistsError:
+                pass
+            finally:
+                partial.unlink(missing_ok=True)
+        super()._queue_bind(exchange, routing_key, pattern, queue)  # type: ignore[no-untyped-call]
 
 
 class Transport(filesystem.Transport):  # type: ignore[misc]
