@@ -26,6 +26,7 @@ from delivery.pipeline import bounds
 from delivery.pipeline.backoff import MAX_BACKOFF, compute_backoff
 from delivery.pipeline.outcomes import (
     Delivered,
+    Found,
     LookupFailed,
     Permanent,
     Retryable,
@@ -240,6 +241,18 @@ def test_the_recipient_is_masked_in_an_adapters_outcome() -> None:
     outcome = calls.send(Raising(value=raw), ENVELOPE)  # type: ignore[arg-type]
     assert isinstance(outcome, Permanent)
     assert "2015550463" not in outcome.code + outcome.reason
+
+
+@pytest.mark.parametrize("ref", [NUMBER, NUMBER[1:], f"msg-{NUMBER}", f"{NUMBER[1:]}/1"])
+def test_a_provider_reference_that_holds_the_recipient_is_masked(ref: str) -> None:
+    """A provider that echoes the number as its id: the reference that Flower and the CLI show
+    is masked, and a reference that only looks like a number is kept."""
+    sent = calls.send(Raising(value=Delivered(ref, 200)), ENVELOPE)  # type: ignore[arg-type]
+    found = calls.lookup(Raising(value=Found(ref)), ENVELOPE)  # type: ignore[arg-type]
+    for outcome in (sent, found):
+        assert "2015550463" not in repr(outcome) and "[recipient]" in repr(outcome)
+    other = Delivered("12025550199", 201)
+    assert calls.send(Raising(value=other), ENVELOPE) == other  # type: ignore[arg-type]
 
 
 # --- answers read with a limit and a deadline --------------------------------------------

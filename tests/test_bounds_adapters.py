@@ -148,8 +148,10 @@ def _envelope(kind: str) -> Envelope:
     return Envelope("k-1", "sms", TO, {"body": "Your code is 482901"})
 
 
-def _fits(outcome: Any) -> None:
-    """Every provider-controlled field is within its column and printable."""
+def _fits(outcome: Any, recipient: str) -> None:
+    """Every provider-controlled field is within its column and printable; no phone number in
+    a code or reason, and not the message's own recipient in a provider reference either (any
+    other number may be a reference)."""
     for name, limit in (("code", 64), ("reason", 500), ("provider_ref", 255)):
         value = getattr(outcome, name, None)
         if value is not None:
@@ -157,7 +159,9 @@ def _fits(outcome: Any) -> None:
             value.encode("utf-8")
     retry_after = getattr(outcome, "retry_after", None)
     assert retry_after is None or 0 <= retry_after <= bounds.MAX_RETRY_AFTER
-    assert TO not in repr(outcome) and TO[1:] not in repr(outcome)
+    said = f"{getattr(outcome, 'code', '')} {getattr(outcome, 'reason', '')}"
+    assert TO not in said and TO[1:] not in said
+    assert recipient not in repr(outcome) and recipient.lstrip("+") not in repr(outcome)
 
 
 def _store(engine: Engine, outcome: Any, kind: str) -> None:
@@ -191,13 +195,14 @@ def _store(engine: Engine, outcome: Any, kind: str) -> None:
 
 def _check(engine: Engine, slot: Slot, provider: Provider, kind: str, answer: Answer) -> None:
     slot.answer = answer
-    outcome = calls.send(provider, _envelope(kind))
+    envelope = _envelope(kind)
+    outcome = calls.send(provider, envelope)
     assert isinstance(outcome, OUTCOMES)
-    _fits(outcome)
+    _fits(outcome, envelope.to)
     _store(engine, outcome, "send")
-    found = calls.lookup(provider, _envelope(kind))
+    found = calls.lookup(provider, envelope)
     assert isinstance(found, LOOKUPS)
-    _fits(found)
+    _fits(found, envelope.to)
     _store(engine, found, "lookup")
 
 

@@ -37,6 +37,7 @@ __all__ = [
     "printable",
     "ref",
     "text",
+    "unrecipient",
 ]
 
 CODE_LENGTH = 64  # delivery_messages.last_error_code, delivery_attempts.error_code
@@ -72,13 +73,19 @@ def mask(value: str, recipient: str | None = None) -> str:
     The recipient is looked for as given, without its ``+``, and as the masks above would
     have left it (an outcome masks numbers and emails when it is built, before the pipeline
     adds its recipient: ``https://h.example/u/[number]`` is still that webhook's URL)."""
+    return _generic(unrecipient(value, recipient))
+
+
+def unrecipient(value: str, recipient: str | None) -> str:
+    """``value`` with only ``recipient`` masked (in the forms ``mask`` looks for): for a
+    provider's reference, where any other number may be the reference itself."""
     if recipient:
         forms = {recipient, recipient.lstrip("+")}
         forms |= {_generic(form) for form in forms}
         for form in sorted(forms, key=len, reverse=True):
             if len(form) >= 3 and form not in ("[number]", "[email]"):
                 value = re.sub(re.escape(form), "[recipient]", value, flags=re.IGNORECASE)
-    return _generic(value)
+    return value
 
 
 def text(value: object, limit: int = REASON_LENGTH, recipient: str | None = None) -> str:

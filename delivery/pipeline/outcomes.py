@@ -161,8 +161,14 @@ AnyOutcome = TypeVar("AnyOutcome", bound=Outcome | LookupOutcome)
 
 
 def bounded(outcome: AnyOutcome, recipient: str) -> AnyOutcome:
-    """``outcome`` with the message's own ``recipient`` masked in its code and reason too
-    (the rest of the bounds were applied when it was built)."""
+    """``outcome`` with the message's own ``recipient`` masked in its code and reason too, and
+    in a provider reference that holds it (the rest of the bounds were applied when it was
+    built)."""
+    if isinstance(outcome, Delivered | Found):
+        ref = outcome.provider_ref
+        if ref is not None and ref != (masked_ref := bounds.unrecipient(ref, recipient)):
+            return cast(AnyOutcome, replace(outcome, provider_ref=masked_ref))
+        return outcome
     if isinstance(outcome, Retryable | Permanent | Unknown | LookupFailed | Undeliverable):
         masked = replace(
             outcome,

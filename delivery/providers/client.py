@@ -1,10 +1,14 @@
 """The base of the built-in adapters: one pooled httpx client per provider, and ``close``.
 
-Every adapter of this package sends over one ``httpx.Client`` built from its
+Every adapter of this package builds its requests with one ``httpx.Client`` made from its
 ``ProviderConfig``: per-phase timeouts (``[timeouts]``, ``[providers.NAME.timeouts]``), our
-``User-Agent``, an injectable transport (tests pass ``httpx.MockTransport``), and whatever the
-wire protocol adds (a base URL, auth, headers, connection limits). ``_post`` sends and maps
-the result to an outcome; ``close`` releases its connections (``Service.close`` calls it).
+``User-Agent``, and whatever the wire protocol adds (a base URL, headers, connection limits).
+The request goes straight to the transport: ``Wire`` (``delivery.providers.wire``, keep-alive
+HTTP/1.1 at a third of httpx's default CPU) unless one is injected (tests pass
+``httpx.MockTransport``, webhooks their address guard), or ``Client.send`` when the environment
+sets a proxy. So there are no redirects (httpx follows none by default either), cookies or auth
+flows: credentials travel as headers. ``_post`` sends and maps the result to an outcome;
+``close`` releases the connections (``Service.close`` calls it).
 
 Answers are bounded (G7) in ``_exchange``, the one place an adapter reads one:
 
@@ -20,7 +24,9 @@ Answers are bounded (G7) in ``_exchange``, the one place an adapter reads one:
 
 from __future__ import annotations
 
+import logging
 import time
+import urllib.request
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -29,6 +35,7 @@ import httpx
 
 from delivery.config.settings import ProviderConfig, Timeouts
 from delivery.pipeline.outcomes import Outcome, classify_exception
+from delivery.providers.wire import Wire
 
 __all__ = ["BODY_LIMIT", "USER_AGENT", "PooledClient", "timeout"]
 
@@ -37,6 +44,9 @@ BODY_LIMIT = 64 * 1024
 #: Raw bytes read per kept byte at most (compressed bodies that decode to nothing).
 _RAW_FACTOR = 4
 _DROPPED = {b"content-encoding", b"content-length", b"transfer-encoding"}
+_URL_CACHE = 64
+
+log = logging.getLogger("delivery.providers")
 
 
 def timeout(timeouts: Timeouts) -> httpx.Timeout:
@@ -85,6 +95,18 @@ class PooledClient:
     ) -> None:
         self.name = config.name
         self._deadline = config.timeouts.total
+        if transport is None and not urllib.request.getproxies():
+            limits = options.get("limits") or httpx.Limits()
+            expiry = limits.keepalive_expiry
+            transport = Wire(
+                max_connections=limits.max_connections or 1_000_000,
+                max_keepalive=limits.max_keepalive_connections or 1_000_000,
+                keepalive_expiry=1e9 if expiry is None else expiry,
+            )
+        #: The transport called directly (no redirects, cookies or auth flows: adapters send
+        #: their credentials as headers); ``None`` with a proxy set: ``Client.send`` mounts it.
+        self._transport = transport
+        self._urls: dict[str, httpx.URL] = {}
         self._client = httpx.Client(
             headers={
                 "User-Agent": USER_AGENT,
@@ -96,44 +118,75 @@ class PooledClient:
             **options,
         )
 
+    def _url(self, url: str) -> httpx.URL | str:
+        """A path's absolute URL under ``base_url``, merged once (httpx parses it each time)."""
+        if not url.startswith("/") or "?" in url:
+            return url
+        found = self._urls.get(url)
+        if found is None:
+            found = self._client.build_request("GET", url).url
+            if len(self._urls) < _URL_CACHE:
+                self._urls[url] = found
+        return found
+
     def _exchange(
         self, method: str, url: str, *, limit: int = BODY_LIMIT, **request: Any
     ) -> httpx.Response:
         """One request; the answer with its body read up to ``limit`` bytes (decoded), within
         the deadline (the module docstring). Raises httpx's errors like ``Client.request``."""
         deadline = time.monotonic() + self._deadline
-        with self._client.stream(method, url, **request) as response:
+        sent = self._client.build_request(method, self._url(url), **request)
+        if self._transport is None:
+            response = self._client.send(sent, stream=True)
+        else:
+            response = self._transport.handle_request(sent)
+        try:
             left = deadline - time.monotonic()
-            timeouts = response.request.extensions.get("timeout")
+            timeouts = sent.extensions.get("timeout")
             if isinstance(timeouts, dict):  # each read of the body: no longer than what is left
                 read = timeouts.get("read")
                 timeouts["read"] = max(0.001, left if read is None else min(read, left))
             if response.is_stream_consumed:  # a transport that read it already (tests)
                 body = bytearray(response.content[:limit])
             else:
-                body = self._read(response, limit, deadline)
-            headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED]
-            return httpx.Response(
+                body = self._read(response, sent, limit, deadline)
+        finally:
+            response.close()
+        if log.isEnabledFor(logging.DEBUG):  # a relative path only: a webhook URL is a recipient
+            log.debug(
+                "%s: %s %s answered %d (%d bytes kept)",
+                self.name,
+                method,
+                url.partition("?")[0] if url.startswith("/") else "(the recipient's URL)",
                 response.status_code,
-                headers=headers,
-                content=bytes(body),
-                request=response.request,
-                extensions={"reason_phrase": response.extensions.get("reason_phrase", b"")},
+                len(body),
             )
+        headers = [(k, v) for k, v in response.headers.raw if k.lower() not in _DROPPED]
+        return httpx.Response(
+            response.status_code,
+            headers=headers,
+            content=bytes(body),
+            request=sent,
+            extensions={"reason_phrase": response.extensions.get("reason_phrase", b"")},
+        )
 
-    def _read(self, response: httpx.Response, limit: int, deadline: float) -> bytearray:
+    def _read(
+        self, response: httpx.Response, request: httpx.Request, limit: int, deadline: float
+    ) -> bytearray:
         """The body, decoded, up to ``limit`` bytes; ``ReadTimeout`` past the deadline."""
         decoder = _Decoder(response.headers.get("content-encoding", "identity"))
         body = bytearray()
         raw = 0
-        for chunk in response.iter_raw():
+        stream = response.stream
+        assert isinstance(stream, httpx.SyncByteStream)
+        for chunk in stream:
             raw += len(chunk)
             body += decoder.decode(chunk, limit - len(body))
             if len(body) >= limit or raw >= limit * _RAW_FACTOR:
                 break
             if time.monotonic() > deadline:
                 raise httpx.ReadTimeout(
-                    f"the answer took longer than {self._deadline:g} s", request=response.request
+                    f"the answer took longer than {self._deadline:g} s", request=request
                 )
         return body
 

@@ -97,6 +97,7 @@ Configuration (checked at start-up: ``account_sid`` is ``AC`` and 32 hex charact
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import os
 import re
@@ -211,8 +212,7 @@ class TwilioProvider(PooledClient):
             config,
             transport,
             base_url=config.base_url,
-            auth=httpx.BasicAuth(sid, token or ""),
-            headers={"Accept": "application/json"},
+            headers={"Accept": "application/json", "Authorization": _basic(sid, token or "")},
         )
 
     def send(self, envelope: Envelope) -> Outcome:
@@ -270,3 +270,8 @@ class TwilioProvider(PooledClient):
             "the rest of the list was not read",
             status,
         )
+
+
+def _basic(user: str, password: str) -> str:
+    """HTTP basic credentials, as ``httpx.BasicAuth`` writes them."""
+    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")

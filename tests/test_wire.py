@@ -1,0 +1,347 @@
+"""``Wire``, the adapters' default HTTP/1.1 transport, against real sockets: keep-alive and
+its limits, every way an exchange can fail classified by phase (not sent, or unknown), TLS,
+and the proxy fallback. The server side is a scripted socket server per test."""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from delivery.config.settings import ProviderConfig, Timeouts
+from delivery.pipeline.outcomes import Delivered, Permanent, Retryable, Unknown
+from delivery.providers.base import Envelope
+from delivery.providers.client import BODY_LIMIT
+from delivery.providers.http import HttpProvider
+from delivery.providers.wire import Wire
+
+ENVELOPE = Envelope("k-1", "sms", "+12015550123", {"body": "hi"})
+CREATED = (
+    b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n"
+    b'{"id": "msg_1"}'
+)
+
+
+def read_request(conn: socket.socket) -> bytes:
+    """One request's bytes (head and a Content-Length body), b"" if the peer closed."""
+    data = b""
+    while b"\r\n\r\n" not in data:
+        chunk = conn.recv(65536)
+        if not chunk:
+            return b""
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = 0
+    for line in head.split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            length = int(value)
+    while len(body) < length:
+        body += conn.recv(65536)
+    return head + b"\r\n\r\n" + body
+
+
+class Server:
+    """Accepts on a free port and runs ``serve(conn, n)`` for the n-th connection (0-based) in
+    its own thread; counts connections and keeps every request it read."""
+
+    def __init__(self, serve: Callable[[Server, socket.socket, int], None], backlog: int = 16):
+        self.serve = serve
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(backlog)
+        self.port = self.sock.getsockname()[1]
+        self.accepted = 0
+        self.requests: list[bytes] = []
+        self.stop = threading.Event()
+        self.threads: list[threading.Thread] = []
+
+    def start(self) -> Server:
+        thread = threading.Thread(target=self._accept, daemon=True)
+        thread.start()
+        self.threads.append(thread)
+        return self
+
+    def _accept(self) -> None:
+        self.sock.settimeout(0.1)
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                continue
+            n, self.accepted = self.accepted, self.accepted + 1
+            thread = threading.Thread(target=self._run, args=(conn, n), daemon=True)
+            thread.start()
+            self.threads.append(thread)
+
+    def _run(self, conn: socket.socket, n: int) -> None:
+        with conn, contextlib.suppress(OSError):
+            self.serve(self, conn, n)
+
+    def read(self, conn: socket.socket) -> bytes:
+        request = read_request(conn)
+        if request:
+            self.requests.append(request)
+        return request
+
+    def close(self) -> None:
+        self.stop.set()
+        for thread in self.threads:
+            thread.join(5)
+        self.sock.close()
+
+
+@pytest.fixture
+def serve() -> Iterator[Callable[..., Server]]:
+    servers: list[Server] = []
+
+    def start(fn: Callable[[Server, socket.socket, int], None], **kw: int) -> Server:
+        servers.append(Server(fn, **kw).start())
+        return servers[-1]
+
+    yield start
+    for server in servers:
+        server.close()
+
+
+def provider(port: int, scheme: str = "http", **timeouts: float) -> HttpProvider:
+    t = Timeouts(**{"connect": 1.0, "write": 1.0, "read": 1.0, "pool": 1.0, **timeouts})
+    return HttpProvider(ProviderConfig("p", "http", f"{scheme}://127.0.0.1:{port}", t))
+
+
+def keep_answering(answer: bytes) -> Callable[[Server, socket.socket, int], None]:
+    def fn(server: Server, conn: socket.socket, n: int) -> None:
+        while server.read(conn):
+            conn.sendall(answer)
+
+    return fn
+
+
+def test_the_default_transport_is_wire_and_keeps_one_connection(
+    serve: Callable[..., Server],
+) -> None:
+    server = serve(keep_answering(CREATED))
+    p = provider(server.port)
+    assert isinstance(p._transport, Wire)
+    outcomes = [p.send(ENVELOPE) for _ in range(50)]
+    p.close()
+    assert outcomes == [Delivered("msg_1", 201)] * 50
+    assert server.accepted == 1
+    first = server.requests[0]
+    assert first.startswith(b"POST /v1/messages HTTP/1.1\r\n")
+    for header in (b"Host: 127.0.0.1", b"Idempotency-Key: k-1", b"User-Agent: delivery/"):
+        assert header in first
+    assert first.endswith(b'{"to":"+12015550123","body":"hi"}')
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [
+        b"HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'6\r\n{"id":\r\n9\r\n "msg_1"}\r\n0\r\n\r\n',
+        b"HTTP/1.1 201 Created\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n%s",
+    ],
+    ids=["chunked", "gzip"],
+)
+def test_framed_and_encoded_bodies_are_read_and_the_connection_kept(
+    serve: Callable[..., Server], answer: bytes
+) -> None:
+    if b"%d" in answer:
+        body = gzip.compress(b'{"id": "msg_1"}')
+        answer = answer.replace(b"%d", str(len(body)).encode()).replace(b"%s", body)
+    server = serve(keep_answering(answer))
+    p = provider(server.port)
+    assert [p.send(ENVELOPE) for _ in range(3)] == [Delivered("msg_1", 201)] * 3
+    p.close()
+    assert server.accepted == 1
+
+
+def test_a_connection_either_side_closes_is_not_reused(serve: Callable[..., Server]) -> None:
+    """``Connection: close`` from the server, and a kept-alive connection the server closed
+    while idle: the next send opens a new one and succeeds (nothing is resent on a
+    connection that failed after the request was written)."""
+
+    def fn(server: Server, conn: socket.socket, n: int) -> None:
+        server.read(conn)
+        if n == 0:
+            conn.sendall(CREATED.replace(b"\r\n\r\n", b"\r\nConnection: close\r\n\r\n", 1))
+        else:
+            conn.sendall(CREATED)  # keep-alive, then closed while idle
+
+    server = serve(fn)
+    p = provider(server.port)
+    assert p.send(ENVELOPE) == Delivered("msg_1", 201)
+    assert p.send(ENVELOPE) == Delivered("msg_1", 201)
+    time.sleep(0.2)  # the server thread has closed the second connection by now
+    assert p.send(ENVELOPE) == Delivered("msg_1", 201)
+    p.close()
+    assert server.accepted == 3 and len(server.requests) == 3
+
+
+def test_an_answer_read_only_in_part_closes_its_connection(serve: Callable[..., Server]) -> None:
+    big = b"x" * (BODY_LIMIT * 8)
+    head = b"HTTP/1.1 500 Oops\r\nContent-Length: %d\r\n\r\n" % len(big)
+    server = serve(keep_answering(head + big))
+    p = provider(server.port)
+    outcomes = [p.send(ENVELOPE) for _ in range(2)]
+    p.close()
+    assert all(isinstance(o, Retryable) and o.code == "HTTP_500" for o in outcomes)
+    assert server.accepted == 2
+
+
+def test_a_refused_connect_is_not_sent() -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    outcome = provider(port).send(ENVELOPE)
+    assert isinstance(outcome, Retryable) and outcome.code == "NETWORK_ConnectError"
+
+
+def test_a_connect_that_is_never_accepted_times_out_as_not_sent() -> None:
+    """A listener whose backlog is full drops the SYN: ``ConnectTimeout``, not sent."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        for _ in range(8):  # fill the accept queue; the next connect hangs
+            f = socket.socket()
+            f.setblocking(False)
+            f.connect_ex(("127.0.0.1", port))
+            fillers.append(f)
+        time.sleep(0.1)
+        started = time.monotonic()
+        outcome = provider(port, connect=0.5).send(ENVELOPE)
+        assert time.monotonic() - started < 3
+        assert isinstance(outcome, Retryable) and outcome.code == "NETWORK_ConnectTimeout"
+    finally:
+        for f in fillers:
+            f.close()
+        listener.close()
+
+
+def test_a_full_pool_waits_then_is_not_sent(serve: Callable[..., Server]) -> None:
+    release = threading.Event()
+
+    def slow(server: Server, conn: socket.socket, n: int) -> None:
+        while server.read(conn):
+            release.wait(5)
+            conn.sendall(CREATED)
+
+    server = serve(slow)
+    wire = Wire(max_connections=1)
+    request = httpx.Request(
+        "POST",
+        f"http://127.0.0.1:{server.port}/v1/messages",
+        content=b"{}",
+        extensions={"timeout": {"connect": 1, "write": 1, "read": 5, "pool": 0.3}},
+    )
+    first: list[httpx.Response] = []
+    holder = threading.Thread(target=lambda: first.append(wire.handle_request(request)))
+    holder.start()
+    time.sleep(0.2)
+    with pytest.raises(httpx.PoolTimeout):
+        wire.handle_request(request)
+    release.set()
+    holder.join(5)
+    first[0].read()
+    first[0].close()
+    again = wire.handle_request(request)  # the connection came back to the pool
+    again.close()
+    wire.close()
+    assert server.accepted == 1
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "code"),
+    [
+        ("silent", "NETWORK_ReadTimeout"),
+        ("close", "NETWORK_RemoteProtocolError"),
+        ("garbage", "NETWORK_RemoteProtocolError"),
+        ("short", "NETWORK_RemoteProtocolError"),
+    ],
+)
+def test_after_the_request_is_written_every_failure_is_unknown(
+    serve: Callable[..., Server], behaviour: str, code: str
+) -> None:
+    def fn(server: Server, conn: socket.socket, n: int) -> None:
+        server.read(conn)
+        if behaviour == "silent":
+            server.stop.wait(3)
+        elif behaviour == "garbage":
+            conn.sendall(b"HELLO THERE\r\n\r\n")
+        elif behaviour == "short":
+            conn.sendall(CREATED[:-5])
+            conn.shutdown(socket.SHUT_WR)
+
+    server = serve(fn)
+    outcome = provider(server.port, read=0.5).send(ENVELOPE)
+    assert isinstance(outcome, Unknown) and outcome.code == code, outcome
+    assert len(server.requests) == 1
+
+
+@pytest.mark.parametrize("bad", ["a\r\nX-Injected: 1", "a\nb", "a\rb", "a\0b"])
+def test_a_header_with_cr_lf_or_nul_is_refused_before_anything_is_written(
+    serve: Callable[..., Server], bad: str
+) -> None:
+    server = serve(keep_answering(CREATED))
+    p = provider(server.port)
+    outcome = p._post(lambda r: Delivered("x", 201), "/v1/messages", headers={"X-Tag": bad})
+    p.close()
+    assert isinstance(outcome, Permanent) and outcome.code == "CLIENT_LocalProtocolError"
+    time.sleep(0.1)
+    assert server.requests == []
+
+
+def test_https_verifies_the_certificate_and_host_name(
+    serve: Callable[..., Server], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    trustme = pytest.importorskip("trustme")
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(context)
+
+    def fn(server: Server, conn: socket.socket, n: int) -> None:
+        try:
+            tls = context.wrap_socket(conn, server_side=True)
+        except (OSError, ssl.SSLError):
+            return
+        with tls:
+            while server.read(tls):
+                tls.sendall(CREATED)
+
+    server = serve(fn)
+    untrusted = provider(server.port, "https").send(ENVELOPE)
+    assert isinstance(untrusted, Retryable) and untrusted.code == "NETWORK_ConnectError"
+    bundle = tmp_path / "ca.pem"
+    ca.cert_pem.write_to_path(str(bundle))
+    monkeypatch.setenv("SSL_CERT_FILE", str(bundle))
+    p = provider(server.port, "https")
+    assert [p.send(ENVELOPE) for _ in range(3)] == [Delivered("msg_1", 201)] * 3
+    p.close()
+    assert len(server.requests) == 3 and server.accepted == 2  # one refused, one kept
+
+
+def test_a_proxy_in_the_environment_is_honoured(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``HTTP_PROXY`` set the adapter sends through httpx's own transport, which asks the
+    proxy for the absolute URL."""
+    proxy = serve(keep_answering(CREATED))
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    p = HttpProvider(ProviderConfig("p", "http", "http://provider.invalid:8080", Timeouts()))
+    assert p._transport is None
+    assert p.send(ENVELOPE) == Delivered("msg_1", 201)
+    p.close()
+    assert proxy.requests[0].startswith(b"POST http://provider.invalid:8080/v1/messages HTTP/1.1")
