@@ -6,7 +6,8 @@ retries 5xx and 429. Run it with ``celery -A bench.celery_alone worker``.
 
 Plain Celery settings (acks on receipt, no events). ``BENCH_ALONE_MATCHED=1`` switches on
 the operational settings ``tasks.app`` uses (late acks, task events, sent events, track
-started), to tell the cost of those settings apart from the cost of the outbox.
+started), to tell the cost of those settings apart from the cost of the outbox;
+``BENCH_ALONE_WIRE=1`` sends through ``delivery``'s HTTP transport (``Wire``) instead of httpx's.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from typing import Any
 import httpx
 from celery import Celery, Task
 from celery.signals import worker_process_init
+
+from delivery.providers.wire import Wire
 
 __all__ = ["QUEUE", "app", "send"]
 
@@ -61,6 +64,7 @@ def client() -> httpx.Client:
                 headers={"User-Agent": "celery-alone/0.1"},
                 timeout=httpx.Timeout(connect=3.0, read=10.0, write=5.0, pool=5.0),
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
+                transport=Wire() if os.environ.get("BENCH_ALONE_WIRE") == "1" else None,
             )
         return _client
 

@@ -20,8 +20,10 @@ task events, sent events, track started), to separate their cost from the outbox
 ``apply_async`` for each right after the commit), and the clock runs from the commit's start
 to the last accept. Per pool, in the same run: Celery alone, ``delivery`` with one message per
 task (``batch_size = 1``: the path before batches), with the default batches, and with the
-default batches but no task events (what Flower's per-message events cost). CPU per delivered
-message is split per process: worker (and its pool children), PostgreSQL backends, beat, app.
+default batches but no task events (what Flower's per-message events cost), and Celery alone
+with ``delivery``'s HTTP transport (``Wire``: how much of the gain is the transport). CPU per
+delivered message is split per process: worker (and its pool children), PostgreSQL backends,
+beat, app.
 """
 
 from __future__ import annotations
@@ -194,6 +196,7 @@ BACKLOG_RUNS = [
     ("single", "delivery", SINGLE_CONFIG, True),
     ("batch", "delivery", CONFIG, True),
     ("batch_no_events", "delivery", CONFIG, False),
+    ("alone_wire", "alone", None, True),
 ]
 
 
@@ -224,6 +227,7 @@ def backlog_run(
     else:
         celery_alone.app.conf.task_send_sent_event = False
         env["BENCH_ALONE_MATCHED"] = "0"
+        env["BENCH_ALONE_WIRE"] = "1" if label == "alone_wire" else "0"
         started.append(
             procs.worker(
                 "bench.celery_alone", pool=pool, concurrency=concurrency, name="e2e", env=env
@@ -333,6 +337,7 @@ def backlog_main(
                 continue
             alone, batch = results["alone"], results["batch"]
             single, quiet = results["single"], results["batch_no_events"]
+            wired = results["alone_wire"]
             what = f"{messages:,}-message backlog, {pool} x{concurrency}"
             pairs = ", ".join(
                 f"{b:,.0f}/{a:,.0f}" for b, a in zip(batch["rounds"], alone["rounds"], strict=True)
@@ -366,6 +371,16 @@ def backlog_main(
                     None,
                     f"events on {_split(batch)}",
                     f"events off {_split(quiet)} (one run)",
+                )
+            )
+            rows.append(
+                row(
+                    f"the HTTP transport's share: batches vs Celery alone on Wire, {what}",
+                    batch["rate"] / wired["rate"],
+                    "(split)",
+                    None,
+                    f"batches {_split(batch)}",
+                    f"Celery alone with delivery's transport {_split(wired)} (one run)",
                 )
             )
         if only is None:

@@ -24,6 +24,7 @@ ORDER = [
     "enqueue_cost",
     "worker_rss",
     "sender_floor",
+    "http_cost",
 ]
 
 

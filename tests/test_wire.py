@@ -345,3 +345,25 @@ def test_a_proxy_in_the_environment_is_honoured(
     assert p.send(ENVELOPE) == Delivered("msg_1", 201)
     p.close()
     assert proxy.requests[0].startswith(b"POST http://provider.invalid:8080/v1/messages HTTP/1.1")
+
+
+def test_wire_under_an_httpx_client(serve: Callable[..., Server]) -> None:
+    """What a custom adapter gets with ``httpx.Client(transport=Wire())``: whole answers,
+    streamed ones, and a stream left half read closes its connection instead of reusing it."""
+    big = b"y" * 300_000
+    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big)
+    server = serve(keep_answering(answer))
+    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", transport=Wire()) as client:
+        assert client.post("/a", json={"x": 1}).content == big
+        assert client.get("/b", params={"q": "1 2"}).content == big
+        with client.stream("GET", "/c") as response:
+            first = next(response.iter_raw())
+            assert first and big.startswith(first) and len(first) < len(big)
+        assert client.get("/d").content == big
+    assert [r.split(b"\r\n")[0] for r in server.requests] == [
+        b"POST /a HTTP/1.1",
+        b"GET /b?q=1+2 HTTP/1.1",
+        b"GET /c HTTP/1.1",
+        b"GET /d HTTP/1.1",
+    ]
+    assert server.accepted == 2  # /a, /b and /c on one; /d after the half-read /c on another

@@ -184,9 +184,11 @@ class Wire(httpx.BaseTransport):
     # -- the pool ----------------------------------------------------------------------------
 
     def _acquire(self, origin: tuple[bytes, bytes, int], request: httpx.Request) -> _Connection:
-        if os.getpid() != self._pid:  # forked: the parent's sockets are not ours to use
+        if os.getpid() != self._pid:  # forked: the parent's connections are not ours to use
             with self._cond:
-                self._idle, self._open, self._pid = [], 0, os.getpid()
+                inherited, self._idle, self._open, self._pid = self._idle, [], 0, os.getpid()
+            for conn in inherited:
+                conn.close()  # this process's copy of the descriptor only
         now = time.monotonic()
         stale: list[_Connection] = []
         found: _Connection | None = None

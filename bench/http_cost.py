@@ -1,0 +1,105 @@
+"""HTTP cost: CPU of this process per POST to the stub, by the way the request is sent.
+
+- ``httpx``: ``httpx.Client.post`` on httpx's default transport (what the Celery-alone task
+  does, and what the adapters did before ``Wire``);
+- ``adapter``: ``HttpProvider.send``, the shipped path: ``PooledClient._exchange`` building an
+  httpx request and sending it through ``delivery.providers.wire.Wire``, bounded read, the
+  outcome classified;
+- ``adapter_httpx``: the same adapter on httpx's default transport (``httpx.HTTPTransport``),
+  to tell the transport's share from the rest of ``_exchange``.
+
+Sequential, one keep-alive connection each, in blocks of 500 interleaved for ``--rounds``
+rounds (the first dropped); the figure is the median ms of CPU (user + system, so the
+kernel's loopback work is in it) per request. The stub is its own process.
+
+    python -m bench.http_cost [--rounds 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+import httpx
+
+from bench.common import STUB_URL, median, report, row, session
+from delivery.config.settings import ProviderConfig, Timeouts
+from delivery.pipeline.outcomes import Delivered
+from delivery.providers.base import Envelope
+from delivery.providers.http import HttpProvider
+
+BLOCK = 500
+
+
+def _ways() -> dict[str, Callable[[int], object]]:
+    config = ProviderConfig("stub", "http", STUB_URL, Timeouts())
+    plain = httpx.Client(base_url=STUB_URL, headers={"User-Agent": "celery-alone/0.1"})
+    adapter = HttpProvider(config)
+    adapter_httpx = HttpProvider(config, transport=httpx.HTTPTransport())
+    run = f"{os.getpid()}-{time.time_ns()}"
+
+    def envelope(way: str, i: int) -> Envelope:
+        return Envelope(f"{way}-{run}-{i}", "sms", "+12015550123", {"body": f"code {i}"})
+
+    def post_plain(i: int) -> object:
+        key = f"httpx-{run}-{i}"
+        body = {"to": "+12015550123", "body": f"code {i}"}
+        r = plain.post("/v1/messages", json=body, headers={"Idempotency-Key": key})
+        return Delivered(r.json()["id"], r.status_code) if r.status_code == 201 else r
+
+    return {
+        "httpx": post_plain,
+        "adapter": lambda i: adapter.send(envelope("adapter", i)),
+        "adapter_httpx": lambda i: adapter_httpx.send(envelope("adapter_httpx", i)),
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    load = os.getloadavg()
+    with session() as procs:
+        procs.stub()
+        ways = _ways()
+        samples: dict[str, list[float]] = {name: [] for name in ways}
+        n = 0
+        for round_ in range(args.rounds + 1):
+            for name, send in ways.items():
+                started = time.process_time()
+                for _ in range(BLOCK):
+                    outcome = send(n)
+                    n += 1
+                    if not isinstance(outcome, Delivered):
+                        raise SystemExit(f"{name}: {outcome!r}")
+                if round_:  # the first round warms connections and caches
+                    samples[name].append((time.process_time() - started) / BLOCK * 1000)
+    ms = {name: round(median(values), 4) for name, values in samples.items()}
+    load_after = os.getloadavg()
+    figures = {
+        "rounds": args.rounds,
+        "block": BLOCK,
+        "ms": ms,
+        "samples": samples,
+        "load": [round(x, 2) for x in load],
+        "load_after": [round(x, 2) for x in load_after],
+    }
+    where = f"load {' '.join(f'{x:.2f}' for x in load)}"
+    rows = [
+        row(
+            "CPU per POST: the adapter's path (Wire) vs httpx.Client.post",
+            ms["adapter"] / ms["httpx"],
+            "(cost)",
+            None,
+            f"{ms['adapter']:.3f} ms (adapter on httpx's transport: "
+            f"{ms['adapter_httpx']:.3f} ms); {where}",
+            f"httpx.Client.post {ms['httpx']:.3f} ms",
+        )
+    ]
+    report("http_cost", figures, rows)
+
+
+if __name__ == "__main__":
+    main()
