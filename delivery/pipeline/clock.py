@@ -15,7 +15,8 @@ that need the value alone (the relay, a parked retry).
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import Connection, Row, Select, func, select
@@ -43,15 +44,27 @@ def sql_now(conn: Connection) -> ColumnElement[dt.datetime] | dt.datetime:
     time on SQLite."""
     if conn.dialect.name != "postgresql":
         return utcnow()
-    return func.clock_timestamp(type_=UTCDateTime())
+    return _CLOCK_NOW
 
 
-def read_with_clock(conn: Connection, stmt: Select[Any]) -> tuple[Sequence[Row[Any]], dt.datetime]:
-    """Run ``stmt`` and read the database's clock in the same round trip: its rows and the
-    time (``db_now``'s, read by a second query only when no row came back)."""
+@functools.lru_cache(maxsize=32)
+def _with_clock(stmt: Select[Any]) -> Select[Any]:
+    return stmt.add_columns(func.clock_timestamp().label(_CLOCK))
+
+
+#: One object, so that statements built around it can be kept (``transitions.move``).
+_CLOCK_NOW = func.clock_timestamp(type_=UTCDateTime())
+
+
+def read_with_clock(
+    conn: Connection, stmt: Select[Any], params: Mapping[str, Any] | None = None
+) -> tuple[Sequence[Row[Any]], dt.datetime]:
+    """Run ``stmt`` (with ``params``) and read the database's clock in the same round trip:
+    its rows and the time (``db_now``'s, read by a second query only when no row came back).
+    A statement kept by the caller and run with parameters is extended once."""
     if conn.dialect.name != "postgresql":
-        return conn.execute(stmt).all(), utcnow()
-    rows = conn.execute(stmt.add_columns(func.clock_timestamp().label(_CLOCK))).all()
+        return conn.execute(stmt, params).all(), utcnow()
+    rows = conn.execute(_with_clock(stmt), params).all()
     if not rows:
         return rows, db_now(conn)
     value = rows[0]._mapping[_CLOCK]

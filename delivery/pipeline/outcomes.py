@@ -165,9 +165,11 @@ def bounded(outcome: AnyOutcome, recipient: str) -> AnyOutcome:
     in a provider reference that holds it (the rest of the bounds were applied when it was
     built)."""
     if isinstance(outcome, Delivered | Found):
-        ref = outcome.provider_ref
-        if ref is not None and ref != (masked_ref := bounds.unrecipient(ref, recipient)):
-            return cast(AnyOutcome, replace(outcome, provider_ref=masked_ref))
+        ref = outcome.provider_ref  # checked cheaply first: this runs for every delivery
+        if ref is not None and recipient and recipient.lstrip("+").lower() in ref.lower():
+            return cast(
+                AnyOutcome, replace(outcome, provider_ref=bounds.unrecipient(ref, recipient))
+            )
         return outcome
     if isinstance(outcome, Retryable | Permanent | Unknown | LookupFailed | Undeliverable):
         masked = replace(

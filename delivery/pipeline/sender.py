@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Row, select
+from sqlalchemy import Row, bindparam, select
 
 from delivery.guards.breaker import Permit, Verdict
 from delivery.observability.events import Transition, emit
@@ -91,13 +91,14 @@ _COLUMNS = (
 
 #: What one attempt reads of its message, in one primary-key read.
 ROW = select(*(messages_table.c[name] for name in _COLUMNS))
+_ROW_BY_ID = ROW.where(messages_table.c.id == bindparam("message_id"))  # one statement object
 
 
 def deliver(service: Service, message_id: int, key: str) -> Result:
     """Make one attempt at message ``message_id`` (if it is still ``key``'s and due) and
     say what its task does next (``Result.action``, one of ``Action``)."""
     with service.engine.connect() as conn:
-        rows, now = read_with_clock(conn, ROW.where(messages_table.c.id == message_id))
+        rows, now = read_with_clock(conn, _ROW_BY_ID, {"message_id": message_id})
     row = rows[0] if rows else None
     if row is None or row.key != key:
         return Result(Action.SKIP, reason="no such message")

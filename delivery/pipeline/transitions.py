@@ -28,6 +28,7 @@ from typing import Any
 
 from sqlalchemy import (
     BigInteger,
+    ClauseElement,
     ColumnElement,
     Connection,
     DateTime,
@@ -157,7 +158,12 @@ def log_attempt(
     conn: Connection, msg: Sending, kind: str, outcome: Outcome | LookupOutcome, started: float
 ) -> None:
     latency = (time.perf_counter() - started) * 1000.0
-    conn.execute(insert(attempts_table).values(attempt_row(msg, kind, outcome, latency)))
+    conn.execute(_INSERT_ATTEMPT, attempt_row(msg, kind, outcome, latency))
+
+
+#: One statement object for every attempt row: SQLAlchemy keys its compiled form by the
+#: statement, so a statement built per call costs its cache key each time.
+_INSERT_ATTEMPT = insert(attempts_table)
 
 
 def log_attempts(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
@@ -338,6 +344,12 @@ def move_where(
     row ``fence`` names (id, attempt count, status as seen), if ``when`` holds too;
     ``updated_at`` is now unless ``values`` set it."""
     message_id, seen_attempts, expected = fence
+    changes = {"status": to.value, "updated_at": utcnow(), **values}
+    if when is None:
+        params = {f"set_{k}": v for k, v in changes.items() if not isinstance(v, ClauseElement)}
+        params |= {"fence_id": message_id, "fence_status": expected.value}
+        params["fence_attempts"] = seen_attempts
+        return bool(conn.execute(_move_statement(changes), params).rowcount)
     stmt = update(messages_table).where(
         messages_table.c.id == message_id,
         messages_table.c.status == expected.value,
@@ -345,10 +357,41 @@ def move_where(
     )
     if when is not None:
         stmt = stmt.where(when)
-    done = conn.execute(
-        stmt.values(**{"status": to.value, "updated_at": utcnow(), **values})
-    ).rowcount
-    return bool(done)
+    return bool(conn.execute(stmt.values(**changes)).rowcount)
+
+
+_MOVES: dict[tuple[tuple[str, int], ...], Any] = {}
+
+
+def _move_statement(changes: Mapping[str, object]) -> Any:
+    """The fenced UPDATE setting ``changes``' columns, each from a parameter or from the SQL
+    expression given (``sql_now``'s clock is one object). Kept per shape (``move``'s callers
+    use a handful; an expression by its identity, which the kept statement keeps alive):
+    built per call, its cache key cost about as much as the statement's round trip."""
+    shape = tuple(
+        (name, id(value) if isinstance(value, ClauseElement) else 0)
+        for name, value in sorted(changes.items(), key=lambda item: item[0])
+    )
+    statement = _MOVES.get(shape)
+    if statement is None:
+        m = messages_table.c
+        statement = (
+            update(messages_table)
+            .where(
+                m.id == bindparam("fence_id"),
+                m.status == bindparam("fence_status"),
+                m.attempts == bindparam("fence_attempts"),
+            )
+            .values(
+                {
+                    name: value if isinstance(value, ClauseElement) else bindparam(f"set_{name}")
+                    for name, value in changes.items()
+                }
+            )
+        )
+        if len(_MOVES) < 128:
+            _MOVES[shape] = statement
+    return statement
 
 
 def finish(conn: Connection, msg: Sending, status: Status, **values: object) -> bool:

@@ -47,7 +47,6 @@ import httpx
 
 __all__ = ["Wire"]
 
-_FORBIDDEN = (b"\r", b"\n", b"\0")
 _CHUNK = 64 * 1024
 
 
@@ -72,15 +71,15 @@ class _Connection:
             self.sock.close()
 
 
-class _Answer(http.client.HTTPResponse):
-    """``http.client``'s response parser over one of our sockets (no ``HTTPConnection``)."""
-
-
 class _Body(httpx.SyncByteStream):
     """The raw body, read as the caller iterates; closing hands the connection back."""
 
     def __init__(
-        self, wire: Wire, conn: _Connection, answer: _Answer, request: httpx.Request
+        self,
+        wire: Wire,
+        conn: _Connection,
+        answer: http.client.HTTPResponse,
+        request: httpx.Request,
     ) -> None:
         self._wire, self._conn, self._answer, self._request = wire, conn, answer, request
 
@@ -153,7 +152,7 @@ class Wire(httpx.BaseTransport):
             except OSError as exc:
                 raise httpx.WriteError(str(exc), request=request) from exc
             sock.settimeout(_timeout(request, "read"))
-            answer = _Answer(sock, method=request.method)
+            answer = http.client.HTTPResponse(sock, method=request.method)
             try:
                 answer.begin()
             except Exception as exc:
