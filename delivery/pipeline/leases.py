@@ -30,6 +30,7 @@ made again with the same key (the provider dedupes; ``give_up`` parks it as ``un
 from __future__ import annotations
 
 import datetime as dt
+import functools
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -52,44 +53,51 @@ class Renewed:
     sending: int
 
 
-def _among(conn: Connection, ids: list[int]) -> Any:
-    """``id`` is one of ``ids``: on PostgreSQL ``id = ANY(:held)``, one array parameter, so the
-    statement's text is the same for any number of held rows (compiled and prepared once; an
-    ``IN`` list of hundreds of ids was rendered, sent and parsed anew on every renewal: a
-    quarter of a batch worker's CPU)."""
-    if conn.dialect.name == "postgresql":
-        return messages_table.c.id == any_(bindparam("held", ids, type_=ARRAY(BigInteger())))
-    return messages_table.c.id.in_(ids)
+@functools.cache
+def _renewals(dialect: str) -> tuple[Any, Any]:
+    """``renew_held``'s two UPDATEs (``dispatched`` rows, ``sending`` rows), built once per
+    dialect with every value a parameter: built per renewal, SQLAlchemy's cache key for them
+    cost 5% of a single-message worker's CPU.
 
-
-def _unlocked(conn: Connection, ids: list[int], now: dt.datetime, hold_lease: float) -> Any:
-    """The rows of ``ids`` whose lease needs this renewal and that no other transaction is
-    changing right now.
-
-    A lease renewed less than ``hold_lease / 3`` s ago is left as it is (a worker holding
-    hundreds of messages in batches does not rewrite them all whenever one more arrives); a
-    longer one (the relay's ``dispatch_lease``) is shortened. A row its worker is moving (a
-    batch taking or settling it, which writes the lease itself) is skipped, so a renewal never
-    waits for, or deadlocks with, the worker's own transitions; the next one catches it."""
+    - The held rows: on PostgreSQL ``id = ANY(:held)``, one array parameter, so the text is
+      the same for any number of held rows (an ``IN`` list of hundreds of ids was rendered,
+      sent and parsed anew on every renewal: a quarter of a batch worker's CPU).
+    - Of those, the rows whose lease needs this renewal and that no other transaction is
+      changing right now. A lease renewed less than ``hold_lease / 3`` s ago (before
+      ``:fresh``) is left as it is (a worker holding hundreds of messages in batches does not
+      rewrite them all whenever one more arrives); a longer one (past ``:longer``: the relay's
+      ``dispatch_lease``) is shortened. A row its worker is moving (a batch taking or settling
+      it, which writes the lease itself) is skipped, so a renewal never waits for, or
+      deadlocks with, the worker's own transitions; the next one catches it. On PostgreSQL
+      ``id = ANY(ARRAY(locking subquery))``: the subquery runs once, then the rows are updated
+      by primary key (``id IN (...)`` let the planner rescan the subquery, a sequential scan
+      of the table, once per held row: 88 ms per renewal of ~500 held rows in a 5,000-row
+      table, holding its row locks that long against the batches' own statements).
+    """
     m = messages_table.c
-    fresh = now + dt.timedelta(seconds=hold_lease * 2.0 / 3.0)
-    longer = now + dt.timedelta(seconds=hold_lease)
+    postgresql = dialect == "postgresql"
+    if postgresql:
+        held = m.id == any_(bindparam("held", type_=ARRAY(BigInteger())))
+    else:
+        held = m.id.in_(bindparam("held", expanding=True))
     stale = or_(
-        m.lease_expires_at.is_(None), m.lease_expires_at < fresh, m.lease_expires_at > longer
+        m.lease_expires_at.is_(None),
+        m.lease_expires_at < bindparam("fresh"),
+        m.lease_expires_at > bindparam("longer"),
     )
-    return select(m.id).where(_among(conn, ids), stale).with_for_update(skip_locked=True)
-
-
-def _chosen(conn: Connection, ids: list[int], now: dt.datetime, hold_lease: float) -> Any:
-    """The condition picking ``_unlocked``'s rows. On PostgreSQL ``id = ANY(ARRAY(...))``: the
-    locking subquery runs once, then the rows are updated by primary key. (``id IN (...)``
-    let the planner rescan the subquery, a sequential scan of the table, once per held row:
-    88 ms per renewal of ~500 held rows in a 5,000-row table, holding its row locks that long
-    against the batches' own statements.)"""
-    unlocked = _unlocked(conn, ids, now, hold_lease)
-    if conn.dialect.name == "postgresql":
-        return messages_table.c.id == any_(func.array(unlocked.scalar_subquery()))
-    return messages_table.c.id.in_(unlocked)
+    unlocked = select(m.id).where(held, stale).with_for_update(skip_locked=True)
+    if postgresql:
+        chosen = m.id == any_(func.array(unlocked.scalar_subquery()))
+    else:
+        chosen = m.id.in_(unlocked)
+    renew = update(messages_table).values(lease_expires_at=bindparam("until"))
+    dispatched = renew.where(
+        held, m.status == Status.DISPATCHED.value, m.next_attempt_at <= bindparam("now"), chosen
+    )
+    sending = renew.where(  # updated_at: when this attempt took the row
+        held, m.status == Status.SENDING.value, m.updated_at > bindparam("newest"), chosen
+    )
+    return dispatched, sending
 
 
 def _one_of(conn: Connection, ids: Any) -> Any:
@@ -114,24 +122,17 @@ def renew_held(
     if not ids:
         return Renewed(0, 0)
     now = now or utcnow()
-    until = now + dt.timedelta(seconds=hold_lease)
-    m = messages_table.c
-    held = sorted(set(ids))
-    dispatched = conn.execute(
-        update(messages_table)
-        .where(_among(conn, held), m.status == Status.DISPATCHED.value)
-        .where(m.next_attempt_at <= now)
-        .where(_chosen(conn, held, now, hold_lease))
-        .values(lease_expires_at=until)
-    ).rowcount
-    newest = now - dt.timedelta(seconds=max(send_lease - hold_lease, 0.0))
-    sending = conn.execute(
-        update(messages_table)
-        .where(_among(conn, held), m.status == Status.SENDING.value)
-        .where(m.updated_at > newest)  # updated_at: when this attempt took the row
-        .where(_chosen(conn, held, now, hold_lease))
-        .values(lease_expires_at=until)
-    ).rowcount
+    dispatched_rows, sending_rows = _renewals(conn.dialect.name)
+    params = {
+        "held": sorted(set(ids)),
+        "now": now,
+        "until": now + dt.timedelta(seconds=hold_lease),
+        "fresh": now + dt.timedelta(seconds=hold_lease * 2.0 / 3.0),
+        "longer": now + dt.timedelta(seconds=hold_lease),
+        "newest": now - dt.timedelta(seconds=max(send_lease - hold_lease, 0.0)),
+    }
+    dispatched = conn.execute(dispatched_rows, params).rowcount
+    sending = conn.execute(sending_rows, params).rowcount
     return Renewed(dispatched, sending)
 
 
@@ -174,7 +175,7 @@ def renew_queued(
         )
         # Of those, only the rows this pass renews are locked (a lock writes the row too), and
         # a row a worker is moving is skipped: it is not queued. ``= ANY(ARRAY(...))`` on
-        # PostgreSQL: each subquery runs once (see ``_chosen``).
+        # PostgreSQL: each subquery runs once (see ``_renewals``).
         stale = (
             select(m.id)
             .where(_one_of(conn, newest), m.status == Status.DISPATCHED.value)

@@ -161,9 +161,9 @@ def log_attempt(
     conn.execute(_INSERT_ATTEMPT, attempt_row(msg, kind, outcome, latency))
 
 
-#: One statement object for every attempt row: SQLAlchemy keys its compiled form by the
-#: statement, so a statement built per call costs its cache key each time.
-_INSERT_ATTEMPT = insert(attempts_table)
+#: One statement object for every attempt row (built per call, it cost SQLAlchemy's cache key
+#: each time), inline: the row's new id is not asked back (``RETURNING``).
+_INSERT_ATTEMPT = insert(attempts_table).inline()
 
 
 def log_attempts(conn: Connection, rows: Sequence[dict[str, Any]]) -> None:
