@@ -11,7 +11,7 @@ fraction of its commits:
    used as is; the breaker is asked for the others, once per provider for all its rows
    (``CircuitBreaker.allow_many``: one Redis round trip), and a row it refuses is parked as
    the single path parks it (``CIRCUIT_OPEN``, no attempt spent).
-3. One fenced UPDATE (``transitions.take_many``) takes the rest to ``sending`` and commits
+3. One fenced UPDATE (``batch_transitions.take_many``) takes the rest to ``sending`` and commits
    *before* any request leaves (G2); a row whose fence moved meanwhile is skipped.
 4. The sends run on this process's small thread pool (``send_concurrency`` in flight), each
    recorded in its provider's breaker. A send starts only while it can still finish within
@@ -46,21 +46,12 @@ from sqlalchemy import Row
 from delivery.guards.breaker import Permit, Recorded
 from delivery.observability.events import Transition, emit
 from delivery.pipeline import outcomes, settle
+from delivery.pipeline.batch_transitions import Take, finish_sent_many, log_attempts, take_many
 from delivery.pipeline.clock import read_with_clock, sql_now
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.sender import ROW, breaker_verdict, circuit_open, deliver, in_flight
 from delivery.pipeline.status import Status
-from delivery.pipeline.transitions import (
-    Action,
-    Result,
-    Sending,
-    Take,
-    attempt_row,
-    finish_sent_many,
-    log_attempts,
-    move,
-    take_many,
-)
+from delivery.pipeline.transitions import Action, Result, Sending, attempt_row, move
 from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
