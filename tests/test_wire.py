@@ -331,6 +331,17 @@ def test_https_verifies_the_certificate_and_host_name(
     assert len(server.requests) == 3 and server.accepted == 2  # one refused, one kept
 
 
+def test_no_proxy_alone_keeps_wire(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``NO_PROXY`` (common in containers) names no proxy: the adapters keep ``Wire``."""
+    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.delenv("all_proxy", raising=False)
+    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
+    p = HttpProvider(ProviderConfig("p", "http", "http://127.0.0.1:9", Timeouts()))
+    assert isinstance(p._transport, Wire)
+    p.close()
+
+
 def test_a_proxy_in_the_environment_is_honoured(
     serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -4,7 +4,7 @@ Every adapter of this package builds its requests with one ``httpx.Client`` made
 ``ProviderConfig``: per-phase timeouts (``[timeouts]``, ``[providers.NAME.timeouts]``), our
 ``User-Agent``, and whatever the wire protocol adds (a base URL, headers, connection limits).
 The request goes straight to the transport: ``Wire`` (``delivery.providers.wire``, keep-alive
-HTTP/1.1 at a third of httpx's default CPU) unless one is injected (tests pass
+HTTP/1.1 at half the CPU of ``httpx.Client.post``) unless one is injected (tests pass
 ``httpx.MockTransport``, webhooks their address guard), or ``Client.send`` when the environment
 sets a proxy. So there are no redirects (httpx follows none by default either), cookies or auth
 flows: credentials travel as headers. ``_post`` sends and maps the result to an outcome;
@@ -47,6 +47,12 @@ _DROPPED = {b"content-encoding", b"content-length", b"transfer-encoding"}
 _URL_CACHE = 64
 
 log = logging.getLogger("delivery.providers")
+
+
+def _proxied() -> bool:
+    """Whether the environment names a proxy (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``,
+    any case) that httpx would honour; ``NO_PROXY`` alone names none."""
+    return any(scheme != "no" for scheme in urllib.request.getproxies())
 
 
 def timeout(timeouts: Timeouts) -> httpx.Timeout:
@@ -95,7 +101,7 @@ class PooledClient:
     ) -> None:
         self.name = config.name
         self._deadline = config.timeouts.total
-        if transport is None and not urllib.request.getproxies():
+        if transport is None and not _proxied():
             limits = options.get("limits") or httpx.Limits()
             expiry = limits.keepalive_expiry
             transport = Wire(
