@@ -65,7 +65,7 @@ def _renewals(dialect: str) -> tuple[Any, Any]:
     - Of those, the rows whose lease needs this renewal and that no other transaction is
       changing right now. A lease renewed less than ``hold_lease / 3`` s ago (before
       ``:fresh``) is left as it is (a worker holding hundreds of messages in batches does not
-      rewrite them all whenever one more arrives); a longer one (past ``:longer``: the relay's
+      rewrite them all whenever one more arrives); a longer one (past ``:until``: the relay's
       ``dispatch_lease``) is shortened. A row its worker is moving (a batch taking or settling
       it, which writes the lease itself) is skipped, so a renewal never waits for, or
       deadlocks with, the worker's own transitions; the next one catches it. On PostgreSQL
@@ -83,7 +83,7 @@ def _renewals(dialect: str) -> tuple[Any, Any]:
     stale = or_(
         m.lease_expires_at.is_(None),
         m.lease_expires_at < bindparam("fresh"),
-        m.lease_expires_at > bindparam("longer"),
+        m.lease_expires_at > bindparam("until"),
     )
     unlocked = select(m.id).where(held, stale).with_for_update(skip_locked=True)
     if postgresql:
@@ -128,7 +128,6 @@ def renew_held(
         "now": now,
         "until": now + dt.timedelta(seconds=hold_lease),
         "fresh": now + dt.timedelta(seconds=hold_lease * 2.0 / 3.0),
-        "longer": now + dt.timedelta(seconds=hold_lease),
         "newest": now - dt.timedelta(seconds=max(send_lease - hold_lease, 0.0)),
     }
     dispatched = conn.execute(dispatched_rows, params).rowcount
