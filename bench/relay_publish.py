@@ -2,11 +2,15 @@
 rows per second, next to a plain loop of ``apply_async`` on the same broker in the same run.
 
 Each round starts from a fresh outbox of due rows and an empty broker db; the relay runs
-``relay_once`` with the configured batch (500) until every row is published and checks the
-queue holds one task per row. The baselines publish the same 20,000 ``delivery.deliver``
-tasks (same args, task id = key) with ``apply_async``: one call per task, as an app would,
-with sent events off (Celery's default) and on (as ``tasks.app`` configures them). The median
-of ``--rounds`` rounds is reported; the ratio is against the faster baseline.
+``relay_once`` with the configured claim batch (500) until every row is published, then reads
+the whole queue back and checks that it carries every row's (id, key) exactly once. The relay
+runs twice per round: with the default ``batch_size`` (a backlog travels as
+``delivery.deliver_batch`` tasks of up to 50 messages) and with ``batch_size = 1`` (one
+``delivery.deliver`` task per row, the shape before batches, which the nudge still sends for a
+few rows). The baselines publish the same 20,000 ``delivery.deliver`` tasks (same args, task
+id = key) with ``apply_async``: one call per task, as an app would, with sent events off
+(Celery's default) and on (as ``tasks.app`` configures them). The median of ``--rounds``
+rounds is reported; the ratios are against the faster baseline.
 
     python -m bench.relay_publish [--rows 20000] [--rounds 3]
 """
@@ -18,6 +22,7 @@ import base64
 import json
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import redis
@@ -29,14 +34,15 @@ from bench.common import (
     insert_rows,
     log,
     median,
-    queue_length,
     report,
     row,
     session,
     truncate,
     vacuum,
 )
+from delivery.config.loading import load_settings
 from delivery.pipeline.relay import Claim, relay_once
+from delivery.runtime.current import configure
 from tasks.app import QUEUE, app
 from tasks.deliver import deliver, publish
 
@@ -61,10 +67,30 @@ def _fresh(engine: Any, rows: int) -> list[tuple[int, str]]:
         return [(r.id, r.key) for r in conn.execute(text("SELECT id, key FROM delivery_messages"))]
 
 
-def _check_queue(rows: int) -> None:
-    found = queue_length(QUEUE)
-    if found != rows:
-        raise AssertionError(f"queue holds {found} tasks, expected {rows}")
+def _queued() -> list[dict[str, Any]]:
+    return [json.loads(raw) for raw in redis.Redis.from_url(BROKER_URL).lrange(QUEUE, 0, -1)]
+
+
+def _carried(message: dict[str, Any]) -> list[tuple[int, str]]:
+    """The (id, key) pairs one queued task carries: one for ``delivery.deliver``, the batch's
+    for ``delivery.deliver_batch``."""
+    args = json.loads(base64.b64decode(message["body"]))[0]
+    if message["headers"]["task"] == "delivery.deliver":
+        return [(args[0], args[1])]
+    assert message["headers"]["task"] == "delivery.deliver_batch", message["headers"]
+    return [(pair[0], pair[1]) for pair in args[0]]
+
+
+def _check_queue(expect: dict[int, str]) -> int:
+    """Every row's (id, key) is in the queue exactly once; return the number of tasks."""
+    queued = _queued()
+    carried = [pair for message in queued for pair in _carried(message)]
+    if len(carried) != len(expect) or dict(carried) != expect:
+        raise AssertionError(
+            f"queue carries {len(carried)} messages ({len(dict(carried))} distinct) in "
+            f"{len(queued)} tasks, expected the {len(expect)} rows"
+        )
+    return len(queued)
 
 
 def _check_message(expect_rows: dict[int, str]) -> dict[str, Any]:
@@ -100,15 +126,27 @@ def check_same_as_apply_async() -> None:
         raise AssertionError(f"publish differs from apply_async:\n{sent[1]}\n{sent[0]}")
 
 
-def time_relay(engine: Any, rows: int, publisher: Callable[[Sequence[Claim]], None]) -> float:
+def time_relay(
+    engine: Any,
+    rows: int,
+    publisher: Callable[[Sequence[Claim]], object],
+    batch_size: int | None = None,
+) -> tuple[float, int]:
+    """Rows/s of one relay pass over ``rows`` due rows, and the tasks it queued; with
+    ``batch_size``, the relay's process runs with that setting instead of the default."""
     ids = dict(_fresh(engine, rows))
-    start = time.perf_counter()
-    published = relay_once(engine, publisher, batch=500, lease=300, max_batches=10**6)
-    elapsed = time.perf_counter() - start
+    configure(replace(load_settings(), batch_size=batch_size) if batch_size else None)
+    try:
+        start = time.perf_counter()
+        published = relay_once(engine, publisher, batch=500, lease=300, max_batches=10**6)
+        elapsed = time.perf_counter() - start
+    finally:
+        configure(None)
     assert published == rows, published
-    _check_queue(rows)
-    _check_message(ids)
-    return rows / elapsed
+    tasks = _check_queue(ids)
+    if tasks == rows:
+        _check_message(ids)
+    return rows / elapsed, tasks
 
 
 def time_apply_async(engine: Any, rows: int, sent_events: bool) -> float:
@@ -121,7 +159,7 @@ def time_apply_async(engine: Any, rows: int, sent_events: bool) -> float:
         elapsed = time.perf_counter() - start
     finally:
         app.conf.task_send_sent_event = True
-    _check_queue(rows)
+    _check_queue(dict(pairs))
     return rows / elapsed
 
 
@@ -132,6 +170,7 @@ def main() -> None:
     args = parser.parse_args()
     rates: dict[str, list[float]] = {
         "relay": [],
+        "relay_single": [],
         "apply_async": [],
         "apply_async_sent_events": [],
         "relay_old_publish": [],
@@ -146,19 +185,23 @@ def main() -> None:
         time_apply_async(engine, 2000, sent_events=False)
         for n in range(args.rounds):
             log(f"round {n + 1}/{args.rounds}")
-            rates["relay"].append(time_relay(engine, args.rows, publish))
+            rate, tasks = time_relay(engine, args.rows, publish)
+            rates["relay"].append(rate)
+            rates["relay_single"].append(time_relay(engine, args.rows, publish, 1)[0])
             rates["apply_async"].append(time_apply_async(engine, args.rows, sent_events=False))
             rates["apply_async_sent_events"].append(
                 time_apply_async(engine, args.rows, sent_events=True)
             )
             rates["relay_old_publish"].append(
-                time_relay(engine, args.rows, publish_via_apply_async)
+                time_relay(engine, args.rows, publish_via_apply_async)[0]
             )
             log("  " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items()))
         figures: dict[str, Any] = {k: round(median(v)) for k, v in rates.items()}
         figures["rounds"] = {k: [round(x) for x in v] for k, v in rates.items()}
         figures["rows"] = args.rows
+        figures["batch_tasks"] = tasks
         relay = median(rates["relay"])
+        single = median(rates["relay_single"])
         plain = median(rates["apply_async"])
         events = median(rates["apply_async_sent_events"])
         old = median(rates["relay_old_publish"])
@@ -170,8 +213,16 @@ def main() -> None:
                 relay / baseline,
                 ">= 3x",
                 relay / baseline >= 3.0,
-                f"{relay:,.0f} rows/s",
+                f"{relay:,.0f} rows/s ({tasks:,} tasks)",
                 f"apply_async loop {plain:,.0f}/s (sent events on: {events:,.0f}/s)",
+            ),
+            row(
+                "relay publish, one task per row (batch_size = 1)",
+                single / baseline,
+                ">= 3x",
+                single / baseline >= 3.0,
+                f"{single:,.0f} rows/s",
+                "same baseline",
             ),
             row(
                 "relay with the previous publish (apply_async per row, held producer)",
