@@ -41,7 +41,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from sqlalchemy import Row
+from sqlalchemy import Row, bindparam
 
 from delivery.guards.breaker import Permit, Recorded
 from delivery.observability.events import Transition, emit
@@ -123,6 +123,10 @@ def _ready(service: Service, row: Row[Any], now: dt.datetime) -> bool:
     return service.limiter(row.provider) is None
 
 
+#: The batch's rows, one statement object for every batch (``read_with_clock`` keeps it).
+_ROWS_BY_IDS = ROW.where(messages_table.c.id.in_(bindparam("ids", expanding=True)))
+
+
 def deliver_many(
     service: Service,
     pairs: Sequence[tuple[int, str]],
@@ -134,7 +138,7 @@ def deliver_many(
     each found message's attempt count once the rows are read, before anything is sent."""
     with service.engine.connect() as conn:
         ids = sorted({message_id for message_id, _ in pairs})
-        rows, now = read_with_clock(conn, ROW.where(messages_table.c.id.in_(ids)))
+        rows, now = read_with_clock(conn, _ROWS_BY_IDS, {"ids": ids})
     by_id = {row.id: row for row in rows}
     if on_read is not None:
         on_read({row.id: row.attempts for row in rows})

@@ -164,11 +164,14 @@ def finish_sent_many(
         "ids": [msg.id for msg, _ in sent],
         "seen": [msg.attempt for msg, _ in sent],
         "refs": [ref for _, ref in sent],
+        "b_now": utcnow(),
     }
     return set(conn.scalars(_sent_many_statement(sent_at), params))
 
 
+@functools.lru_cache(maxsize=4)
 def _sent_many_statement(sent_at: Any) -> Any:
+    """Kept per ``sent_at`` (on PostgreSQL always ``sql_now``'s one expression object)."""
     m = messages_table.c
     rows = _unnest(("ids", BigInteger()), ("seen", Integer()), ("refs", String()))
     return (
@@ -177,7 +180,7 @@ def _sent_many_statement(sent_at: Any) -> Any:
         .where(_locked_in_order("ids"))
         .values(
             status=Status.SENT.value,
-            updated_at=utcnow(),
+            updated_at=bindparam("b_now", type_=UTCDateTime()),
             provider_ref=rows.c.refs,
             sent_at=sent_at,
             lease_expires_at=None,
