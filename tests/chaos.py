@@ -45,6 +45,8 @@ from tests.chaos_cluster import (
 __all__ = ["BATCH_DONE", "SCENARIOS", "Report", "Scenario"]
 
 DRAIN_TIMEOUT = 180.0
+#: ``[delivery] max_attempts`` as shipped, for the scenarios that must hold with it.
+PRODUCT_MAX_ATTEMPTS: int = Settings.__dataclass_fields__["max_attempts"].default
 # Fewer worker threads and a slower provider: tasks queue up in the broker, so that losing
 # the broker's contents loses many of them.
 BACKLOG = ChaosConfig(concurrency=4)
@@ -401,10 +403,12 @@ def postgres_restarted(
 
 def provider_down(cluster: Cluster, n: int, broker: str = "redis", outage: float = 20.0) -> Report:
     """5. The provider refuses connections for ``outage`` seconds, then comes back: everything
-    drains after recovery and nothing is dead, since attempts allow (``max_attempts`` 40,
-    backoff capped at 4 s; the circuit breaker parks messages without spending attempts)."""
+    drains after recovery and nothing is dead, with the product's ``max_attempts`` (8): the
+    circuit breaker parks messages without spending attempts, and a failed probe gives its
+    attempt back, so an outage of any length costs a message only the few attempts made
+    before the breaker opened."""
     report = Report("provider-down", f"provider down {outage:g} s (refused)", broker, n)
-    config = ChaosConfig(max_attempts=40, backoff_base=0.5, backoff_cap=4.0)
+    config = ChaosConfig(max_attempts=PRODUCT_MAX_ATTEMPTS)
     with cluster.pipeline(report.scenario, broker, config) as (pipe, settings):
         run = Run(cluster, pipe, settings, report)
         run.feed(_feed_time(n, least=10.0))
@@ -420,7 +424,12 @@ def provider_down(cluster: Cluster, n: int, broker: str = "redis", outage: float
             f"connections refused for {outage:g} s: {refused} attempts refused, "
             f"{circuit} parked by the open circuit breaker"
         )
+        most = cluster.scalar(
+            "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM delivery_attempts"
+            " WHERE error_code LIKE 'NETWORK_Connect%' GROUP BY message_id) AS refusals"
+        )
         report.figures["circuit_parks"] = circuit
+        report.figures["most_refused_per_message"] = int(most or 0)
         _pipeline_figures(run)
         report.check(refused + circuit > 0, "no send met the outage: the fault never hit")
     return report
