@@ -8,6 +8,7 @@ A missing service fails the run under ``CI=true``; elsewhere the tests that need
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import tempfile
 import time
@@ -32,6 +33,14 @@ REDIS_SERVER = os.environ.get(
 BROKER_URL = os.environ.get("DELIVERY_TEST_BROKER_URL", f"{REDIS_SERVER}/{14 - 2 * (SLOT % 8)}")
 REDIS_URL = f"{REDIS_SERVER}/{15 - 2 * (SLOT % 8)}"
 RUN_DIR = Path(tempfile.mkdtemp(prefix="delivery-tests-"))
+
+# The tests press Ctrl-C (SIGINT) on the processes they start, as a terminal does. A suite
+# started in the background by a shell without job control (`cmd &` in a script, nohup, some
+# CI runners) begins with SIGINT ignored, and every child would inherit that: `delivery watch`
+# would never see the Ctrl-C, nor would a bash trap (a shell cannot trap what it started
+# with ignored). Restore a terminal's disposition, which the children then inherit.
+if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def free_port() -> int:
