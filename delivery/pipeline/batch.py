@@ -136,7 +136,7 @@ def deliver_many(
     """One attempt at each message of ``pairs`` (id, key); the ``Result`` of each, in order
     (a pair repeated in the batch is skipped the second time). ``on_read`` is called with
     each found message's attempt count once the rows are read, before anything is sent."""
-    with service.engine.connect() as conn:
+    with service.autocommit.connect() as conn:
         ids = sorted({message_id for message_id, _ in pairs})
         rows, now = read_with_clock(conn, _ROWS_BY_IDS, {"ids": ids})
     by_id = {row.id: row for row in rows}

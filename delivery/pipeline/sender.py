@@ -97,7 +97,7 @@ _ROW_BY_ID = ROW.where(messages_table.c.id == bindparam("message_id"))  # one st
 def deliver(service: Service, message_id: int, key: str) -> Result:
     """Make one attempt at message ``message_id`` (if it is still ``key``'s and due) and
     say what its task does next (``Result.action``, one of ``Action``)."""
-    with service.engine.connect() as conn:
+    with service.autocommit.connect() as conn:
         rows, now = read_with_clock(conn, _ROW_BY_ID, {"message_id": message_id})
     row = rows[0] if rows else None
     if row is None or row.key != key:
@@ -125,7 +125,7 @@ def deliver(service: Service, message_id: int, key: str) -> Result:
         return circuit_open(service, row, permit, now)
 
     attempt = row.attempts + 1
-    with service.engine.begin() as conn:
+    with service.autocommit.connect() as conn:  # one UPDATE, committed when it returns (G2)
         taken = move(
             conn,
             message_id,

@@ -33,11 +33,21 @@ class Service:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _breakers: Breakers | None = None
     _limiters: dict[str, RateLimiter | None] = field(default_factory=dict)
+    _autocommit: Engine | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Service:
         engine = make_engine(settings.database_url)
         return cls(settings, engine, make_sessionmaker(engine))
+
+    @property
+    def autocommit(self) -> Engine:
+        """The same engine and pool with each statement its own transaction: no ``BEGIN``,
+        ``COMMIT`` or ``ROLLBACK`` round trips around it. For one statement alone: a read, or
+        a fenced UPDATE that must be durable when it returns (the take before a send)."""
+        if self._autocommit is None:
+            self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
+        return self._autocommit
 
     def provider(self, name: str) -> Provider:
         with self._lock:
