@@ -13,14 +13,17 @@ import datetime as dt
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from sqlalchemy import (
     Connection,
     Engine,
+    Integer,
+    Interval,
     Select,
     and_,
     any_,
+    bindparam,
     func,
     literal,
     select,
@@ -29,8 +32,7 @@ from sqlalchemy import (
 
 from delivery.config.settings import PRIORITIES
 from delivery.observability.events import Transition, emit
-from delivery.pipeline.clock import db_now
-from delivery.pipeline.models import messages_table, utcnow
+from delivery.pipeline.models import UTCDateTime, messages_table, utcnow
 from delivery.pipeline.status import Status
 
 __all__ = ["Claim", "Publisher", "claim", "relay_once", "release"]
@@ -52,29 +54,60 @@ class Claim(NamedTuple):
 Publisher = Callable[[Sequence[Claim]], object]
 
 
-def _due(
-    limit: int,
+def _any_due(
+    connection: Connection,
     ids: Sequence[int] | None,
-    now: dt.datetime,
-    priorities: Sequence[str] | None = None,
-) -> Select[tuple[int]]:
-    """Ids of due pending rows (of ``priorities``, or any) that no other transaction holds,
-    oldest due first."""
-    # The status is rendered as a literal, so that every plan (a prepared statement's generic
-    # plan too) can prove the partial index ix_delivery_messages_due applies.
-    pending = literal(Status.PENDING.value, literal_execute=True)
-    due = and_(messages_table.c.status == pending, messages_table.c.next_attempt_at <= now)
-    if ids is not None:
-        due = and_(due, messages_table.c.id.in_(ids))
-    if priorities is not None:
-        due = and_(due, messages_table.c.priority.in_(priorities))
-    return (
-        select(messages_table.c.id)
-        .where(due)
-        .order_by(messages_table.c.next_attempt_at)
-        .limit(limit)
-        .with_for_update(skip_locked=True)
-    )
+    now: dt.datetime | None,
+    priorities: Sequence[str] | None,
+) -> bool:
+    """Whether a due pending row (of ``ids``, of ``priorities``) is left that nobody holds."""
+    now = _now(connection, now)
+    stmt = _due_statement(ids is not None, priorities is not None, now=now is not None)
+    params = {"due_limit": 1, "due_ids": ids, "due_priorities": priorities, "due_now": now}
+    return connection.execute(stmt, params).first() is not None
+
+
+def _now(connection: Connection, now: dt.datetime | None) -> dt.datetime | None:
+    """``now`` as given; else None on PostgreSQL (the statement reads its own clock) and this
+    host's time on SQLite (one host, whose clock is the database's)."""
+    if now is None and connection.dialect.name != "postgresql":
+        return utcnow()
+    return now
+
+
+def _due_statement(by_ids: bool, by_priority: bool, *, now: bool) -> Select[tuple[int]]:
+    """The ids of due pending rows that no other transaction holds, oldest due first, with
+    bound parameters (``due_limit``, ``due_ids``, ``due_priorities``, and ``due_now`` when
+    ``now``; else the statement's own clock, PostgreSQL's ``statement_timestamp()``): one
+    object per shape, so that SQLAlchemy builds and compiles it once."""
+    shape = (by_ids, by_priority, now)
+    stmt = _DUE.get(shape)
+    if stmt is None:
+        m = messages_table.c
+        # The status is rendered as a literal, so that every plan (a prepared statement's
+        # generic plan too) can prove the partial index ix_delivery_messages_due applies.
+        pending = literal(Status.PENDING.value, literal_execute=True)
+        clock = bindparam("due_now", type_=UTCDateTime()) if now else _STATEMENT_CLOCK
+        due = and_(m.status == pending, m.next_attempt_at <= clock)
+        if by_ids:
+            due = and_(due, m.id.in_(bindparam("due_ids", expanding=True)))
+        if by_priority:
+            due = and_(due, m.priority.in_(bindparam("due_priorities", expanding=True)))
+        stmt = _DUE[shape] = (
+            select(m.id)
+            .where(due)
+            .order_by(m.next_attempt_at)
+            .limit(bindparam("due_limit", type_=Integer()))
+            .with_for_update(skip_locked=True)
+        )
+    return stmt
+
+
+#: PostgreSQL's clock as the claim reads it: stable within the statement (so the due index
+#: applies), the database's (one clock for every host, as ``db_now``), no round trip.
+_STATEMENT_CLOCK = func.statement_timestamp(type_=UTCDateTime())
+_DUE: dict[tuple[bool, bool, bool], Select[tuple[int]]] = {}
+_CLAIMS: dict[tuple[str, bool, bool, bool], Any] = {}
 
 
 def claim(
@@ -89,33 +122,48 @@ def claim(
     """Mark up to ``limit`` due pending rows (optionally only ``ids``, only of
     ``priorities``) dispatched; return them. ``now`` (default: the database's clock) decides
     what is due and starts the lease."""
-    now = now or db_now(connection)
-    picked = _due(limit, ids, now, priorities).scalar_subquery()
-    if connection.dialect.name == "postgresql":
-        # ``= ANY(ARRAY(...))``: the picked ids are read first, then updated by primary key,
-        # so a batch costs the same however many rows are pending (``IN (...)`` plans a hash
-        # join over every pending row).
-        chosen = messages_table.c.id == any_(func.array(picked))
-    else:
-        chosen = messages_table.c.id.in_(picked)
-    stmt = (
-        update(messages_table)
-        .where(chosen)
-        .where(messages_table.c.status == Status.PENDING.value)
-        .values(
-            status=Status.DISPATCHED.value,
-            updated_at=now,
-            lease_expires_at=now + dt.timedelta(seconds=lease),
+    dialect = connection.dialect.name
+    now = _now(connection, now)
+    lease_for = dt.timedelta(seconds=lease)
+    params: dict[str, Any] = {
+        "due_limit": limit,
+        "due_ids": ids,
+        "due_priorities": priorities,
+        "due_now": now,
+        "lease_for": lease_for,
+        "lease_until": None if now is None else now + lease_for,
+    }
+    stmt = _claim_statement(dialect, ids is not None, priorities is not None, now is not None)
+    return [Claim(*row) for row in connection.execute(stmt, params)]
+
+
+def _claim_statement(dialect: str, by_ids: bool, by_priority: bool, now: bool) -> Any:
+    """``claim``'s UPDATE, one object per shape (see ``_due_statement``)."""
+    shape = (dialect, by_ids, by_priority, now)
+    stmt = _CLAIMS.get(shape)
+    if stmt is None:
+        m = messages_table.c
+        picked = _due_statement(by_ids, by_priority, now=now).scalar_subquery()
+        clock = bindparam("due_now", type_=UTCDateTime()) if now else _STATEMENT_CLOCK
+        chosen: Any
+        until: Any
+        if dialect == "postgresql":
+            # ``= ANY(ARRAY(...))``: the picked ids are read first, then updated by primary
+            # key, so a batch costs the same however many rows are pending (``IN (...)``
+            # plans a hash join over every pending row).
+            chosen = m.id == any_(func.array(picked))
+            until = clock + bindparam("lease_for", type_=Interval())
+        else:  # SQLite: the lease's end bound as computed, since it stores what it is given
+            chosen = m.id.in_(picked)
+            until = bindparam("lease_until", type_=UTCDateTime())
+        stmt = _CLAIMS[shape] = (
+            update(messages_table)
+            .where(chosen)
+            .where(m.status == Status.PENDING.value)
+            .values(status=Status.DISPATCHED.value, updated_at=clock, lease_expires_at=until)
+            .returning(m.id, m.key, m.priority, m.provider, m.attempts)
         )
-        .returning(
-            messages_table.c.id,
-            messages_table.c.key,
-            messages_table.c.priority,
-            messages_table.c.provider,
-            messages_table.c.attempts,
-        )
-    )
-    return [Claim(*row) for row in connection.execute(stmt)]
+    return stmt
 
 
 def release(connection: Connection, claims: Sequence[Claim]) -> int:
@@ -194,18 +242,17 @@ def _relay_group(one: _Pass, priorities: Sequence[str] | None, room: int | None)
         limit = batch if room is None else min(batch, room - total)
         if limit <= 0:
             break
-        with engine.begin() as connection:
+        # Autocommit: the claim is committed when it returns, with no BEGIN or COMMIT round
+        # trips (the nudge runs this inside the app's commit()).
+        with engine.connect() as connection:
+            connection.execution_options(isolation_level="AUTOCOMMIT")
             claims = claim(
                 connection, limit=limit, lease=lease, ids=ids, now=now, priorities=priorities
             )
             # Under READ COMMITTED a claim can come back short, even empty, when the rows it
             # picked were claimed by another relay meanwhile: stop only when no due row is
             # left that nobody holds.
-            left = (
-                bool(claims)
-                or connection.execute(_due(1, ids, now or db_now(connection), priorities)).first()
-                is not None
-            )
+            left = bool(claims) or _any_due(connection, ids, now, priorities)
         if not left:
             break
         if not claims:
