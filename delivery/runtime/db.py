@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import select
 from pathlib import Path
 from typing import Any
 
@@ -9,6 +10,7 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
+from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
 
 __all__ = ["current_revision", "make_engine", "make_sessionmaker", "upgrade"]
@@ -18,8 +20,10 @@ _INI = Path(__file__).parents[1] / "alembic.ini"  # delivery/alembic.ini, shippe
 
 def make_engine(url: str, **kwargs: Any) -> Engine:
     """An engine for the outbox. SQLite gets WAL and a busy timeout so that several
-    processes (app, relay, workers) can share one file. Statement parameters (recipients,
-    payloads) are kept out of the engine's error messages and logs (G6)."""
+    processes (app, relay, workers) can share one file. On PostgreSQL a pooled connection is
+    checked before it is lent out, without a round trip (``_quiet_or_replaced``; pass
+    ``pool_pre_ping=True`` for SQLAlchemy's ``SELECT 1`` instead). Statement parameters
+    (recipients, payloads) are kept out of the engine's error messages and logs (G6)."""
     kwargs.setdefault("hide_parameters", True)
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -36,8 +40,31 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.close()
 
         return engine
-    kwargs.setdefault("pool_pre_ping", True)
-    return create_engine(url, **kwargs)
+    engine = create_engine(url, **kwargs)
+    if not kwargs.get("pool_pre_ping"):
+        event.listen(engine, "checkout", _quiet_or_replaced)
+    return engine
+
+
+def _quiet_or_replaced(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+    """Before a pooled PostgreSQL connection is lent out: is it still open? Instead of
+    ``pool_pre_ping``'s ``SELECT 1``, a round trip on every checkout (three per message on a
+    worker's single path), look at the socket without a round trip. An idle connection
+    receives nothing, so a socket with something to read (the server's termination notice:
+    a restart, ``pg_terminate_backend``, an idle timeout; or end of file) means the server is
+    gone. ``DisconnectionError`` is SQLAlchemy's documented answer: the pool drops that
+    connection and checks out another, connecting anew, up to three times. A connection that
+    dies during use raises from that use, with or without a ping."""
+    if dbapi_connection.closed or dbapi_connection.broken:
+        raise DisconnectionError("the pooled connection is closed")
+    try:
+        poller = select.poll()
+        poller.register(dbapi_connection.fileno(), select.POLLIN)
+        ready = poller.poll(0)
+    except Exception as exc:  # fileno() of a connection psycopg has given up on
+        raise DisconnectionError("the pooled connection has no socket") from exc
+    if ready:
+        raise DisconnectionError("the server spoke to an idle connection (it closed it)")
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
