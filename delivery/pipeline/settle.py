@@ -31,7 +31,9 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from sqlalchemy import Connection
 
@@ -47,7 +49,9 @@ from delivery.pipeline.transitions import (
     Failure,
     Result,
     Sending,
+    attempt_row,
     finish,
+    finish_logged,
     in_progress,
     log_attempt,
     move,
@@ -106,6 +110,11 @@ def after_send(
 ) -> Result:
     """Apply a send's outcome (the table in the module docstring); ``breaker``: what the
     provider's breaker answered when the outcome was recorded."""
+    if isinstance(outcome, outcomes.Delivered) and service.engine.dialect.name == "postgresql":
+        # The common case in one statement and one round trip (``finish_logged``).
+        attempt = attempt_row(msg, "send", outcome, (time.perf_counter() - started) * 1000.0)
+        with service.autocommit.connect() as conn:
+            return _sent(conn, msg, outcome.provider_ref, "delivered", attempt)
     with service.engine.begin() as conn:
         log_attempt(conn, msg, "send", outcome, started)
         match outcome:
@@ -127,17 +136,26 @@ def after_send(
     raise AssertionError(outcome)
 
 
-def _sent(conn: Connection, msg: Sending, ref: str | None, outcome: str) -> Result:
-    if finish(
-        conn,
-        msg,
-        Status.SENT,
+def _sent(
+    conn: Connection,
+    msg: Sending,
+    ref: str | None,
+    outcome: str,
+    attempt: Mapping[str, Any] | None = None,
+) -> Result:
+    """``sending`` -> ``sent``; with ``attempt``, its row is written by the same statement."""
+    done: dict[str, Any] = dict(
         provider_ref=ref,
         sent_at=sql_now(conn),  # the database's clock, inside the UPDATE
         lease_expires_at=None,
         needs_lookup=False,
         last_error_code=None,
         last_error=None,
+    )
+    if (
+        finish_logged(conn, msg, attempt, Status.SENT, **done)
+        if attempt is not None
+        else finish(conn, msg, Status.SENT, **done)
     ):
         emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
         return Result(Action.DONE, Status.SENT)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import functools
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -46,6 +47,7 @@ __all__ = [
     "attempt_row",
     "extend_lease",
     "finish",
+    "finish_logged",
     "in_progress",
     "log_attempt",
     "move",
@@ -181,9 +183,7 @@ def move_where(
     message_id, seen_attempts, expected = fence
     changes = {"status": to.value, "updated_at": utcnow(), **values}
     if when is None:
-        params = {f"set_{k}": v for k, v in changes.items() if not isinstance(v, ClauseElement)}
-        params |= {"fence_id": message_id, "fence_status": expected.value}
-        params["fence_attempts"] = seen_attempts
+        params = _move_params(fence, changes)
         return bool(conn.execute(_move_statement(changes), params).rowcount)
     stmt = update(messages_table).where(
         messages_table.c.id == message_id,
@@ -192,6 +192,14 @@ def move_where(
         when,
     )
     return bool(conn.execute(stmt.values(**changes)).rowcount)
+
+
+def _move_params(fence: tuple[int, int, Status], changes: Mapping[str, object]) -> dict[str, Any]:
+    message_id, seen_attempts, expected = fence
+    params = {f"set_{k}": v for k, v in changes.items() if not isinstance(v, ClauseElement)}
+    params |= {"fence_id": message_id, "fence_status": expected.value}
+    params["fence_attempts"] = seen_attempts
+    return params
 
 
 _MOVES: dict[tuple[tuple[str, int], ...], Any] = {}
@@ -231,6 +239,27 @@ def _move_statement(changes: Mapping[str, object]) -> Any:
 def finish(conn: Connection, msg: Sending, status: Status, **values: object) -> bool:
     """Move the row from ``sending`` (this attempt) to ``status``; False if someone else did."""
     return move(conn, msg.id, msg.attempt, Status.SENDING, status, **values)
+
+
+def finish_logged(
+    conn: Connection, msg: Sending, attempt: Mapping[str, Any], status: Status, **values: object
+) -> bool:
+    """``log_attempt`` and ``finish`` in one statement, for PostgreSQL in autocommit: the
+    fenced UPDATE carries the attempt's INSERT as a data-modifying CTE, which runs whether
+    or not the fence holds (the attempt was made either way). One round trip where the two
+    statements in a transaction take four (BEGIN, INSERT, UPDATE, COMMIT); atomic all the
+    same."""
+    fence = (msg.id, msg.attempt, Status.SENDING)
+    changes = {"status": status.value, "updated_at": utcnow(), **values}
+    params = _move_params(fence, changes) | {f"attempt_{k}": v for k, v in attempt.items()}
+    statement = _logged(_move_statement(changes), tuple(attempt))
+    return bool(conn.execute(statement, params).rowcount)
+
+
+@functools.lru_cache(maxsize=16)
+def _logged(move_statement: Any, columns: tuple[str, ...]) -> Any:
+    row = {c: bindparam(f"attempt_{c}", type_=attempts_table.c[c].type) for c in columns}
+    return move_statement.add_cte(insert(attempts_table).values(row).cte("attempt"))
 
 
 def park(
