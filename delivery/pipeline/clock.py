@@ -9,7 +9,9 @@ every lease or due time written by the pipeline uses the same clock. The embedde
 The hot path pays no round trip of its own for the clock: ``read_with_clock`` reads it in
 the same SELECT as the rows an attempt (or a batch) works on, and ``sql_now`` is the clock
 as an expression inside the UPDATE that writes it (``sent_at``). ``db_now`` is for the paths
-that need the value alone (the relay, a parked retry).
+that need the value alone (a parked retry). The relay's claim reads the same server clock as
+``statement_timestamp()`` inside its statement: stable for the statement's length, so that
+the due index applies.
 """
 
 from __future__ import annotations
