@@ -152,11 +152,11 @@ def _sent(
         last_error_code=None,
         last_error=None,
     )
-    if (
-        finish_logged(conn, msg, attempt, Status.SENT, **done)
-        if attempt is not None
-        else finish(conn, msg, Status.SENT, **done)
-    ):
+    if attempt is None:
+        moved = finish(conn, msg, Status.SENT, **done)
+    else:
+        moved = finish_logged(conn, msg, attempt, Status.SENT, **done)
+    if moved:
         emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
         return Result(Action.DONE, Status.SENT)
     return _CHANGED

@@ -40,9 +40,11 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
             cursor.close()
 
         return engine
+    if parsed.get_backend_name() != "postgresql" or kwargs.get("pool_pre_ping"):
+        kwargs.setdefault("pool_pre_ping", True)
+        return create_engine(url, **kwargs)
     engine = create_engine(url, **kwargs)
-    if not kwargs.get("pool_pre_ping"):
-        event.listen(engine, "checkout", _quiet_or_replaced)
+    event.listen(engine, "checkout", _quiet_or_replaced)
     return engine
 
 
@@ -55,7 +57,7 @@ def _quiet_or_replaced(dbapi_connection: Any, _record: Any, _proxy: Any) -> None
     gone. ``DisconnectionError`` is SQLAlchemy's documented answer: the pool drops that
     connection and checks out another, connecting anew, up to three times. A connection that
     dies during use raises from that use, with or without a ping."""
-    if dbapi_connection.closed or dbapi_connection.broken:
+    if dbapi_connection.closed or getattr(dbapi_connection, "broken", False):  # psycopg2: none
         raise DisconnectionError("the pooled connection is closed")
     try:
         poller = select.poll()
