@@ -9,6 +9,7 @@ import json
 import secrets
 import socket
 import socketserver
+import sys
 import threading
 import time
 from http import HTTPStatus
@@ -47,6 +48,13 @@ class HttpServer(ThreadingHTTPServer):
         host, port = self.server_address[:2]
         self.server_name = str(host)
         self.server_port = int(port)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hung up mid-answer (a half-read response, a killed worker) is the
+        client's doing: no traceback. Anything else is printed as ``socketserver`` does."""
+        if isinstance(sys.exc_info()[1], (BrokenPipeError, ConnectionResetError)):
+            return
+        super().handle_error(request, client_address)
 
     def close_connections(self) -> None:
         with self.connections_lock:
