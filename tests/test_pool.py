@@ -34,11 +34,16 @@ def _terminate(admin: Engine, pid: int, raw: Any) -> None:
     does) and wait until its FATAL notice has reached the client's socket."""
     with admin.connect() as conn:
         assert conn.scalar(text("SELECT pg_terminate_backend(:pid)"), {"pid": pid})
+    _wait_readable(raw)
+
+
+def _wait_readable(raw: Any) -> None:
+    """Wait until the server's message has reached the idle connection's socket."""
     poller = select.poll()
     poller.register(raw.fileno(), select.POLLIN)
     deadline = time.monotonic() + 5
     while not poller.poll(50):
-        assert time.monotonic() < deadline, "the terminated backend's socket never spoke"
+        assert time.monotonic() < deadline, "nothing reached the idle connection's socket"
 
 
 def test_a_connection_the_server_closed_is_replaced_at_checkout(pg_engine: Engine) -> None:
@@ -49,6 +54,28 @@ def test_a_connection_the_server_closed_is_replaced_at_checkout(pg_engine: Engin
         with engine.connect() as conn:  # no error: the dead connection was dropped
             again = conn.scalar(text("SELECT pg_backend_pid()"))
         assert again != pid
+    finally:
+        engine.dispose()
+
+
+def test_a_harmless_message_on_an_idle_connection_costs_one_ping_not_the_connection(
+    pg_engine: Engine,
+) -> None:
+    """Something waiting on an idle connection is not always a goodbye (here a notification;
+    elsewhere a TLS message): the connection is pinged then, and kept when it answers."""
+    engine = make_engine(PG_URL, pool_size=1, max_overflow=0)
+    try:
+        with engine.connect() as conn:
+            conn.exec_driver_sql("LISTEN delivery_test_pool")
+            conn.commit()
+            pid = conn.scalar(text("SELECT pg_backend_pid()"))
+            raw = conn.connection.dbapi_connection
+        with pg_engine.connect() as admin:
+            admin.exec_driver_sql("NOTIFY delivery_test_pool")
+            admin.commit()
+        _wait_readable(raw)
+        with engine.connect() as conn:
+            assert conn.scalar(text("SELECT pg_backend_pid()")) == pid  # the same connection
     finally:
         engine.dispose()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import select
 from pathlib import Path
 from typing import Any
@@ -44,29 +45,35 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
         kwargs.setdefault("pool_pre_ping", True)
         return create_engine(url, **kwargs)
     engine = create_engine(url, **kwargs)
-    event.listen(engine, "checkout", _quiet_or_replaced)
+    event.listen(engine, "checkout", functools.partial(_quiet_or_replaced, engine.dialect))
     return engine
 
 
-def _quiet_or_replaced(dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
+def _quiet_or_replaced(dialect: Any, dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
     """Before a pooled PostgreSQL connection is lent out: is it still open? Instead of
     ``pool_pre_ping``'s ``SELECT 1``, a round trip on every checkout (three per message on a
     worker's single path), look at the socket without a round trip. An idle connection
-    receives nothing, so a socket with something to read (the server's termination notice:
-    a restart, ``pg_terminate_backend``, an idle timeout; or end of file) means the server is
-    gone. ``DisconnectionError`` is SQLAlchemy's documented answer: the pool drops that
-    connection and checks out another, connecting anew, up to three times. A connection that
-    dies during use raises from that use, with or without a ping."""
+    receives nothing, so a quiet socket is lent out as it is. Something to read is most likely
+    the server's goodbye (its termination notice on a restart, ``pg_terminate_backend`` or an
+    idle timeout; or end of file), but may be harmless (a notification, a TLS message): then,
+    and only then, the connection is pinged as ``pool_pre_ping`` would. A failed ping raises
+    ``DisconnectionError``, SQLAlchemy's documented answer: the pool drops that connection and
+    checks out another, connecting anew, up to three times. A connection that dies during use
+    raises from that use, with or without a ping."""
     if dbapi_connection.closed or getattr(dbapi_connection, "broken", False):  # psycopg2: none
         raise DisconnectionError("the pooled connection is closed")
     try:
         poller = select.poll()
         poller.register(dbapi_connection.fileno(), select.POLLIN)
-        ready = poller.poll(0)
+        quiet = not poller.poll(0)
     except Exception as exc:  # fileno() of a connection psycopg has given up on
         raise DisconnectionError("the pooled connection has no socket") from exc
-    if ready:
-        raise DisconnectionError("the server spoke to an idle connection (it closed it)")
+    if quiet:
+        return
+    try:
+        dialect.do_ping(dbapi_connection)
+    except Exception as exc:
+        raise DisconnectionError("the pooled connection no longer answers") from exc
 
 
 def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
