@@ -87,7 +87,7 @@ def _due_statement(by_ids: bool, by_priority: bool, *, now: bool) -> Select[tupl
         # The status is rendered as a literal, so that every plan (a prepared statement's
         # generic plan too) can prove the partial index ix_delivery_messages_due applies.
         pending = literal(Status.PENDING.value, literal_execute=True)
-        clock = bindparam("due_now", type_=UTCDateTime()) if now else _STATEMENT_CLOCK
+        clock = _clock(now)
         due = and_(m.status == pending, m.next_attempt_at <= clock)
         if by_ids:
             due = and_(due, m.id.in_(bindparam("due_ids", expanding=True)))
@@ -101,6 +101,12 @@ def _due_statement(by_ids: bool, by_priority: bool, *, now: bool) -> Select[tupl
             .with_for_update(skip_locked=True)
         )
     return stmt
+
+
+def _clock(given: bool) -> Any:
+    """The claim's "now": the bound ``due_now`` when the caller gave one, else the statement's
+    own clock."""
+    return bindparam("due_now", type_=UTCDateTime()) if given else _STATEMENT_CLOCK
 
 
 #: PostgreSQL's clock as the claim reads it: stable within the statement (so the due index
@@ -144,7 +150,7 @@ def _claim_statement(dialect: str, by_ids: bool, by_priority: bool, now: bool) -
     if stmt is None:
         m = messages_table.c
         picked = _due_statement(by_ids, by_priority, now=now).scalar_subquery()
-        clock = bindparam("due_now", type_=UTCDateTime()) if now else _STATEMENT_CLOCK
+        clock = _clock(now)
         chosen: Any
         until: Any
         if dialect == "postgresql":

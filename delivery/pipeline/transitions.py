@@ -181,7 +181,7 @@ def move_where(
     row ``fence`` names (id, attempt count, status as seen), if ``when`` holds too;
     ``updated_at`` is now unless ``values`` set it."""
     message_id, seen_attempts, expected = fence
-    changes = {"status": to.value, "updated_at": utcnow(), **values}
+    changes = _changes(to, values)
     if when is None:
         params = _move_params(fence, changes)
         return bool(conn.execute(_move_statement(changes), params).rowcount)
@@ -192,6 +192,12 @@ def move_where(
         when,
     )
     return bool(conn.execute(stmt.values(**changes)).rowcount)
+
+
+def _changes(to: Status, values: Mapping[str, object]) -> dict[str, object]:
+    """The columns a move to ``to`` sets: ``values``, the status, and ``updated_at`` (now)
+    unless ``values`` set it."""
+    return {"status": to.value, "updated_at": utcnow(), **values}
 
 
 def _move_params(fence: tuple[int, int, Status], changes: Mapping[str, object]) -> dict[str, Any]:
@@ -250,7 +256,7 @@ def finish_logged(
     statements in a transaction take four (BEGIN, INSERT, UPDATE, COMMIT); atomic all the
     same."""
     fence = (msg.id, msg.attempt, Status.SENDING)
-    changes = {"status": status.value, "updated_at": utcnow(), **values}
+    changes = _changes(status, values)
     params = _move_params(fence, changes) | {f"attempt_{k}": v for k, v in attempt.items()}
     statement = _logged(_move_statement(changes), tuple(attempt))
     return bool(conn.execute(statement, params).rowcount)
