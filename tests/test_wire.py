@@ -378,3 +378,25 @@ def test_wire_under_an_httpx_client(serve: Callable[..., Server]) -> None:
         b"GET /d HTTP/1.1",
     ]
     assert server.accepted == 2  # /a, /b and /c on one; /d after the half-read /c on another
+
+
+def test_an_answer_open_while_wire_closes_closes_its_connection(
+    serve: Callable[..., Server],
+) -> None:
+    """``close`` with an answer still being read: that connection is closed when the answer
+    is, not put back among the idle ones of a transport nobody will close again."""
+    ended = threading.Event()
+
+    def fn(server: Server, conn: socket.socket, n: int) -> None:
+        while server.read(conn):
+            conn.sendall(CREATED)
+        ended.set()  # the client closed the connection
+
+    server = serve(fn)
+    wire = Wire()
+    client = httpx.Client(base_url=f"http://127.0.0.1:{server.port}", transport=wire)
+    with client.stream("POST", "/a", json={"x": 1}) as response:
+        wire.close()
+        assert response.read() == b'{"id": "msg_1"}'
+    assert ended.wait(5)
+    assert wire._idle == [] and wire._open == 0

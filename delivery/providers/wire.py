@@ -131,6 +131,7 @@ class Wire(httpx.BaseTransport):
         self._idle: list[_Connection] = []
         self._open = 0
         self._pid = os.getpid()
+        self._closed = False
         self._cond = threading.Condition(threading.Lock())
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -174,7 +175,9 @@ class Wire(httpx.BaseTransport):
         )
 
     def close(self) -> None:
+        """Close the idle connections now, and each one in use when its answer is closed."""
         with self._cond:
+            self._closed = True
             idle, self._idle = self._idle, []
             self._open -= len(idle)
             self._cond.notify_all()
@@ -257,19 +260,15 @@ class Wire(httpx.BaseTransport):
         return _Connection(sock, origin)
 
     def _release(self, conn: _Connection, reusable: bool) -> None:
-        if reusable and os.getpid() == self._pid:
+        keep = reusable and os.getpid() == self._pid
+        if keep:
             conn.idle_since = time.monotonic()
-            with self._cond:
-                if len(self._idle) < self._max_idle:
-                    self._idle.append(conn)
-                    self._cond.notify()
-                    return
-                self._open -= 1
-                self._cond.notify()
-        else:
-            with self._cond:
-                self._open -= 1
-                self._cond.notify()
+        with self._cond:
+            self._cond.notify()
+            if keep and not self._closed and len(self._idle) < self._max_idle:
+                self._idle.append(conn)
+                return
+            self._open -= 1
         conn.close()
 
 
