@@ -400,3 +400,4 @@ def test_an_answer_open_while_wire_closes_closes_its_connection(
         assert response.read() == b'{"id": "msg_1"}'
     assert ended.wait(5)
     assert wire._idle == [] and wire._open == 0
+    client.close()
