@@ -1,11 +1,16 @@
 """Enqueue cost: what ``delivery.enqueue`` adds to an app transaction that inserts one business
 row, as a ratio of time and a count of SQL statements.
 
-Three kinds of transaction, each ``Session(engine)`` + ``begin`` + ``add(Order)`` + ``commit``:
-``plain`` (the business row only), ``enqueue`` (plus ``enqueue``, the nudge switched off, so
-only what happens inside the transaction), and ``enqueue+nudge`` (as shipped: after the commit,
-the nudge claims the new row and publishes its task before ``commit()`` returns). They run
-interleaved in blocks of ``--block`` for ``--rounds`` rounds; medians are compared.
+Three kinds of transaction for the product, each ``Session(engine)`` + ``begin`` +
+``add(Order)`` + ``commit``: ``plain`` (the business row only), ``enqueue`` (plus ``enqueue``,
+the nudge switched off, so only what happens inside the transaction), and ``enqueue+nudge`` (as
+shipped: after the commit, the nudge claims the new row and publishes its task before
+``commit()`` returns). All the kinds run interleaved in blocks of ``--block`` for ``--rounds``
+rounds; medians are compared.
+
+``celery alone`` is the same transaction, then ``apply_async`` of Celery alone's task (recipient
+and body in the broker) after the commit: what an app pays per message without an outbox, to
+read ``enqueue+nudge`` against.
 
 Two more kinds are floors, not products, to read the ratio against on the machine at hand.
 Both run on the session's own connection, through the driver's cursor (no SQLAlchemy):
@@ -38,6 +43,7 @@ from typing import Any
 from sqlalchemy import event, text
 from sqlalchemy.orm import Session
 
+from bench import celery_alone
 from bench.common import Order, fresh_database, log, median, report, row, session, truncate
 from delivery import enqueue, enqueue_many
 from delivery.pipeline import insert, outbox
@@ -81,6 +87,11 @@ def raw_row(s: Session, i: int) -> None:
     cursor = _driver(s).cursor()
     cursor.execute(insert._PG_INSERT, params)  # the very text enqueue sends
     cursor.fetchone()
+
+
+def apply_async(i: int) -> None:
+    """Celery alone's way, after the commit: the task with the recipient and the body."""
+    celery_alone.send.apply_async((i, "+12015550123", {"body": f"code {i}"}, f"alone-{i}"))
 
 
 def _spec(prefix: str, i: int) -> dict[str, Any]:
@@ -128,9 +139,14 @@ def campaign(engine: Any, n: int) -> dict[str, Any]:
 
 
 def transaction(
-    engine: Any, i: int, extra: Callable[[Session, int], None] | None, counter: Counter
+    engine: Any,
+    i: int,
+    extra: Callable[[Session, int], None] | None,
+    counter: Counter,
+    then: Callable[[int], None] | None = None,
 ) -> tuple[float, int, int]:
-    """One app transaction; (seconds, statements inside it, statements during commit())."""
+    """One app transaction, then ``then`` after its commit; (seconds, statements inside it,
+    statements during commit())."""
     start = time.perf_counter()
     before = counter.n
     s = Session(engine)
@@ -144,6 +160,8 @@ def transaction(
         s.commit()
     finally:
         s.close()
+    if then is not None:
+        then(i)
     elapsed = time.perf_counter() - start
     return elapsed, inside, counter.n - before - inside
 
@@ -156,12 +174,14 @@ def main() -> None:
     parser.add_argument("--campaign", type=int, default=100_000)
     args = parser.parse_args()
     nudge = outbox._nudge
-    kinds: dict[str, tuple[Callable[[Session, int], None] | None, Any]] = {
-        "plain": (None, nudge),
-        "enqueue": (shipped, None),
-        "enqueue+nudge": (shipped, nudge),
-        "any statement": (any_statement, None),
-        "row, raw driver": (raw_row, None),
+    Work = Callable[[Session, int], None] | None
+    kinds: dict[str, tuple[Work, Any, Callable[[int], None] | None]] = {
+        "plain": (None, nudge, None),
+        "enqueue": (shipped, None, None),
+        "enqueue+nudge": (shipped, nudge, None),
+        "celery alone": (None, None, apply_async),
+        "any statement": (any_statement, None, None),
+        "row, raw driver": (raw_row, None, None),
     }
     times: dict[str, list[float]] = {k: [] for k in kinds}
     inside: dict[str, set[int]] = {k: set() for k in kinds}
@@ -174,11 +194,11 @@ def main() -> None:
         i = 0
         for n in range(args.rounds + 1):  # round 0 warms up and is dropped
             truncate(engine)
-            for kind, (work, hook) in kinds.items():
+            for kind, (work, hook, then) in kinds.items():
                 outbox.set_nudge(hook)
                 for _ in range(args.block):
                     i += 1
-                    seconds, stmts, during_commit = transaction(engine, i, work, counter)
+                    seconds, stmts, during_commit = transaction(engine, i, work, counter, then)
                     if n:
                         times[kind].append(seconds)
                         inside[kind].add(stmts)
@@ -228,6 +248,15 @@ def main() -> None:
                 f"{med['enqueue+nudge'] * 1000:.3f} ms; "
                 f"nudge statements {nudge_statements['enqueue+nudge']}",
                 f"{med['plain'] * 1000:.3f} ms without enqueue",
+            ),
+            row(
+                "the app's whole cost per message: enqueue + nudge vs Celery alone "
+                "(the same transaction, then apply_async)",
+                med["enqueue+nudge"] / med["celery alone"],
+                "",
+                None,
+                f"{med['enqueue+nudge'] * 1000:.3f} ms (load {load})",
+                f"Celery alone {med['celery alone'] * 1000:.3f} ms",
             ),
         ]
         for kind, what in (
