@@ -33,7 +33,6 @@ growth (``ru_maxrss``): the messages are never all held at once.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import resource
 import time
@@ -80,12 +79,9 @@ def any_statement(s: Session, i: int) -> None:
 
 def raw_row(s: Session, i: int) -> None:
     """Floor: ``enqueue``'s INSERT of the same validated row, through the driver's cursor."""
-    values = row_values(get_settings(), _spec("raw", i))
-    params = [values[name] for name in insert.COLUMNS]
-    payload = insert.COLUMNS.index("payload")
-    params[payload] = json.dumps(params[payload])
+    params = insert._pg_params(s.connection(), row_values(get_settings(), _spec("raw", i)))
     cursor = _driver(s).cursor()
-    cursor.execute(insert._PG_INSERT, params)  # the very text enqueue sends
+    cursor.execute(insert._PG_INSERT, params)  # the very text and parameters enqueue sends
     cursor.fetchone()
 
 

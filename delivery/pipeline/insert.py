@@ -79,10 +79,8 @@ def insert_one(session: Session, values: dict[str, Any]) -> Message | None:
     conn = session.connection(bind_arguments={"mapper": Message})
     dialect = conn.dialect
     if _psycopg(conn):
-        params = [values[name] for name in COLUMNS]
-        params[_PAYLOAD] = _serializer(conn)(params[_PAYLOAD])
         cursor = _cursor(conn)
-        conn._cursor_execute(cursor, _PG_INSERT, params)
+        conn._cursor_execute(cursor, _PG_INSERT, _pg_params(conn, values))
         row = cursor.fetchone()
         new_id = None if row is None else row[0]
     elif dialect.name in ("postgresql", "sqlite"):
@@ -163,6 +161,14 @@ def overlapped(session: Session) -> Iterator[None]:
 
 def _psycopg(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
+
+
+def _pg_params(conn: Connection, values: dict[str, Any]) -> list[Any]:
+    """``_PG_INSERT``'s parameters for one row: its values in ``COLUMNS`` order, the payload
+    serialized."""
+    params = [values[name] for name in COLUMNS]
+    params[_PAYLOAD] = _serializer(conn)(params[_PAYLOAD])
+    return params
 
 
 def _serializer(conn: Connection) -> Callable[[Any], str]:
