@@ -5,7 +5,7 @@ the broker); the task POSTs to the provider with httpx, with an ``Idempotency-Ke
 retries 5xx and 429. Run it with ``celery -A bench.celery_alone worker``.
 
 Plain Celery settings (acks on receipt, no events). ``BENCH_ALONE_MATCHED=1`` switches on
-the operational settings ``tasks.app`` uses (late acks, task events, sent events, track
+the operational settings ``delivery.worker.app`` uses (late acks, task events, sent events, track
 started), to tell the cost of those settings apart from the cost of the outbox;
 ``BENCH_ALONE_WIRE=1`` sends through ``delivery``'s HTTP transport (``Wire``) instead of httpx's.
 """

@@ -2,9 +2,10 @@
 how it reports: one JSON line on stdout, ``bench/results/NAME.json``, the table in README.md.
 
 Importing this module points ``DELIVERY_*`` at the benchmark's own database and Redis dbs, so
-import it before ``tasks``. Slot N (``DELIVERY_BENCH_SLOT``, else ``DELIVERY_TEST_SLOT``, else
-0) uses database ``delivery_bench{N}`` and Redis dbs 14-2N (broker) and 15-2N (shared state),
-the same Redis dbs as the test suite's slot N: do not run both at once on one slot.
+import it before ``delivery.worker``. Slot N (``DELIVERY_BENCH_SLOT``, else
+``DELIVERY_TEST_SLOT``, else 0) uses database ``delivery_bench{N}`` and Redis dbs 14-2N
+(broker) and 15-2N (shared state), the same Redis dbs as the test suite's slot N: do not run
+both at once on one slot.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ from typing import Any
 from sqlalchemy import BigInteger, Integer, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
-if "tasks.deliver" in sys.modules:  # it read the settings already: they would not be ours
+if "delivery.worker.deliver" in sys.modules:  # it read the settings already: they would not be ours
     raise RuntimeError("import bench.common before tasks (tasks reads DELIVERY_* at import)")
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -183,14 +184,14 @@ class Processes:
 
     def worker(
         self,
-        app: str = "tasks",
+        app: str = "delivery.worker",
         *,
         pool: str = "threads",
         concurrency: int = 8,
         name: str = "w",
         env: dict[str, str] | None = None,
     ) -> Any:
-        """A celery worker for ``app`` (``tasks`` or ``bench.celery_alone``), logging at
+        """A celery worker for ``app`` (``delivery.worker`` or ``bench.celery_alone``), logging at
         WARNING so that both paths pay the same (small) logging cost."""
         from delivery.testing.processes import ServiceProcess
 

@@ -12,8 +12,8 @@ after a 100-message warm-up, and checks that every key took effect exactly once.
     python -m bench.end_to_end [--messages 5000] [--pools prefork:4,threads:8] [--matched]
     python -m bench.end_to_end --backlog [--messages 5000] [--pools prefork:2,threads:4]
 
-``--matched`` adds a third path: Celery alone with the settings ``tasks.app`` uses (late acks,
-task events, sent events, track started), to separate their cost from the outbox's.
+``--matched`` adds a third path: Celery alone with the settings ``delivery.worker.app`` uses
+(late acks, task events, sent events, track started), to separate their cost from the outbox's.
 
 ``--backlog`` (issue 13): the app commits all the messages in one transaction (delivery:
 ``enqueue_many``, the nudge off, so that beat's relay drains a backlog; Celery alone:
@@ -61,7 +61,7 @@ from delivery import enqueue, enqueue_many
 from delivery.pipeline import outbox
 from delivery.pipeline.models import Message
 from delivery.runtime.db import make_engine
-from tasks import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
+from delivery.worker import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 
 def to(i: int) -> str:
@@ -114,7 +114,8 @@ def one_run(
     produce: Callable[[Any, int, str, int], None]
     started = []
     if path == "delivery":
-        started.append(procs.worker("tasks", pool=pool, concurrency=concurrency, name="e2e"))
+        worker = procs.worker("delivery.worker", pool=pool, concurrency=concurrency, name="e2e")
+        started.append(worker)
         started.append(procs.beat())
         produce = produce_delivery
     else:
@@ -221,7 +222,7 @@ def backlog_run(
     if path == "delivery":
         env["DELIVERY_CONFIG"] = str(config)
         started.append(
-            procs.worker("tasks", pool=pool, concurrency=concurrency, name="e2e", env=env)
+            procs.worker("delivery.worker", pool=pool, concurrency=concurrency, name="e2e", env=env)
         )
         started.append(procs.beat(env))
     else:
@@ -453,7 +454,8 @@ def main() -> None:
                 ours, alone = results["delivery"]["rate"], results["alone"]["rate"]
                 extra = ""
                 if "alone_matched" in results:
-                    extra = f"; with tasks.app's settings {results['alone_matched']['rate']:,.0f}/s"
+                    matched = results["alone_matched"]["rate"]
+                    extra = f"; with delivery.worker.app's settings {matched:,.0f}/s"
                 app_ours = _described(results["delivery"])
                 app_alone = _described(results["alone"])
                 rows.append(

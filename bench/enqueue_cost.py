@@ -48,7 +48,7 @@ from delivery import enqueue, enqueue_many
 from delivery.pipeline import insert, outbox
 from delivery.pipeline.outbox import row_values
 from delivery.runtime.current import get_settings
-from tasks import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
+from delivery.worker import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 
 class Counter:

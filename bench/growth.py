@@ -150,7 +150,7 @@ def end_to_end(engine: Any, procs: Processes, stub: Any, due: int) -> dict[str, 
     reset_due(engine, due)
     env = {"DELIVERY_DATABASE_URL": engine.url.render_as_string(hide_password=False)}
     updates, hot = update_counts(engine)
-    worker = procs.worker("tasks", pool="threads", concurrency=8, name="growth", env=env)
+    worker = procs.worker("delivery.worker", pool="threads", concurrency=8, name="growth", env=env)
     try:
         t0 = time.time()
         beat = procs.beat(env=env)

@@ -32,7 +32,7 @@ from bench.common import (
 )
 from delivery import enqueue
 from delivery.pipeline import outbox
-from tasks import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
+from delivery.worker import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 
 def steady(
@@ -115,7 +115,7 @@ def main() -> None:
     with session() as procs:
         engine = fresh_database()
         stub = procs.stub()
-        procs.worker("tasks", pool=pool, concurrency=int(concurrency), name="latency")
+        procs.worker("delivery.worker", pool=pool, concurrency=int(concurrency), name="latency")
         procs.beat()
         log("warm-up")
         measure(engine, stub, args.rate, 50, "warm")

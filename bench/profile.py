@@ -36,10 +36,13 @@ COMPONENTS: list[tuple[str, tuple[str, ...]]] = [
     ("circuit breaker (Redis)", ("delivery/guards/breaker",)),
     (
         "metrics hooks (Prometheus, created_at lookups)",
-        ("delivery/observability/metrics.py", "tasks/metrics.py"),
+        ("delivery/observability/metrics.py", "delivery/worker/metrics.py"),
     ),
     ("transition events / logging", ("delivery/observability/events.py", "logging/")),
-    ("post-commit nudge (claim + publish)", ("tasks/deliver.py:_nudge", "_nudge (tasks/deliver")),
+    (
+        "post-commit nudge (claim + publish)",
+        ("delivery/worker/deliver.py:_nudge", "_nudge (delivery/worker/deliver"),
+    ),
     ("enqueue (outbox insert, validation)", ("delivery/pipeline/outbox.py",)),
     ("database (SQLAlchemy + psycopg)", ("sqlalchemy/", "psycopg/")),
     (
@@ -98,7 +101,7 @@ def main() -> None:
 
         engine = fresh_database()
         stub = procs.stub()
-        app = "tasks" if args.path == "delivery" else "bench.celery_alone"
+        app = "delivery.worker" if args.path == "delivery" else "bench.celery_alone"
         if args.path == "alone":
             celery_alone.app.conf.task_send_sent_event = False
         worker = procs.worker(app, pool=pool, concurrency=int(concurrency), name="profiled")

@@ -1,4 +1,4 @@
-"""Relay publish rate: 20,000 due rows published by the relay (claim + ``tasks.publish``),
+"""Relay publish rate: 20,000 due rows published by the relay (claim + ``delivery.worker.publish``),
 rows per second, next to a plain loop of ``apply_async`` on the same broker in the same run.
 
 Each round starts from a fresh outbox of due rows and an empty broker db; the relay runs
@@ -9,7 +9,7 @@ runs twice per round: with the default ``batch_size`` (a backlog travels as
 ``delivery.deliver`` task per row, the shape before batches, which the nudge still sends for a
 few rows). The baselines publish the same 20,000 ``delivery.deliver`` tasks (same args, task
 id = key) with ``apply_async``: one call per task, as an app would, with sent events off
-(Celery's default) and on (as ``tasks.app`` configures them). The median of ``--rounds``
+(Celery's default) and on (as ``delivery.worker.app`` configures them). The median of ``--rounds``
 rounds is reported; the ratios are against the faster baseline.
 
     python -m bench.relay_publish [--rows 20000] [--rounds 3]
@@ -43,8 +43,8 @@ from bench.common import (
 from delivery.config.loading import load_settings
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.runtime.current import configure
-from tasks.app import QUEUE, app
-from tasks.deliver import deliver, publish
+from delivery.worker.app import QUEUE, app
+from delivery.worker.deliver import deliver, publish
 
 
 def publish_via_apply_async(claims: Sequence[Claim]) -> None:

@@ -1,4 +1,4 @@
-"""Worker memory: resident set size of a ``tasks`` worker after 1,000 and after 5,000
+"""Worker memory: resident set size of a ``delivery.worker`` worker after 1,000 and after 5,000
 delivered messages, and its peak (``VmHWM``), for the threads pool (the worker process
 itself) and the prefork pool (its pool processes: the largest child is reported).
 
@@ -28,7 +28,7 @@ from bench.common import (
     wait_until,
 )
 from delivery import enqueue
-from tasks import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
+from delivery.worker import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 
 def produce(engine: Any, start: int, stop: int) -> None:
@@ -71,7 +71,9 @@ def main() -> None:
             pool, concurrency = spec.split(":")
             truncate(engine)
             stub.reset()
-            worker = procs.worker("tasks", pool=pool, concurrency=int(concurrency), name="rss")
+            worker = procs.worker(
+                "delivery.worker", pool=pool, concurrency=int(concurrency), name="rss"
+            )
             try:
                 produce(engine, 0, args.first)
                 wait_until(lambda: total() >= args.first, 300, 0.25, f"{args.first} effects")

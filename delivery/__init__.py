@@ -1,6 +1,6 @@
 """delivery: a transactional outbox for SMS, email and webhooks.
 
-Write a message in your own transaction with ``enqueue``; the Celery service in ``tasks``
+Write a message in your own transaction with ``enqueue``; the Celery service in ``delivery.worker``
 sends it so that it takes effect once, is never lost, and can be repaired by ops.
 
 The names below are the public API. The rooms behind them, each package's docstring saying

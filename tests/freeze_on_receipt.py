@@ -16,7 +16,7 @@ from typing import Any
 
 from celery.signals import task_received
 
-from tasks import leases
+from delivery.worker import leases
 
 __all__: list[str] = []
 

@@ -15,15 +15,15 @@ from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.orm import Session
 
 import delivery
-import tasks  # noqa: F401  (installs the post-commit nudge in this process)
+import delivery.worker
 from delivery.pipeline.batch import deliver_many
 from delivery.pipeline.models import attempts_table, messages_table, utcnow
 from delivery.pipeline.relay import Claim
 from delivery.pipeline.transitions import Action
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
-from tasks.deliver import batches
-from tasks.leases import held_ids
+from delivery.worker.deliver import batches
+from delivery.worker.leases import held_ids
 from tests.conftest import RUN_DIR, drained
 from tests.factories import message_values
 

@@ -390,7 +390,7 @@ def test_cli_output_cannot_drive_the_terminal(session: Any) -> None:
 def test_the_worker_quiets_httpx_unless_told_otherwise() -> None:
     """The worker sets httpx's and httpcore's loggers to WARNING (their INFO lines carry
     URLs), but leaves a level the user set."""
-    from tasks.app import quiet_http_loggers
+    from delivery.worker.app import quiet_http_loggers
 
     quiet, chosen = logging.getLogger("httpx"), logging.getLogger("httpcore")
     saved = quiet.level, chosen.level

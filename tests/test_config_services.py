@@ -3,7 +3,8 @@ configured, a half-configured process refused at start-up naming the missing var
 Heroku-style ``postgres://`` URLs that work or fail in one line.
 
 Unit tests on ``load_settings`` plus the real start-ups that read it: the ``delivery`` CLI,
-``celery -A tasks worker`` and an app process that imports ``tasks`` (the nudge)."""
+``celery -A delivery.worker worker`` and an app process that imports ``delivery.worker`` (the
+nudge)."""
 
 from __future__ import annotations
 
@@ -110,14 +111,15 @@ def test_cli_half_configured_fails_in_one_line(tmp_path: Path) -> None:
     assert not (tmp_path / ".delivery").exists()
 
 
-def test_app_importing_tasks_half_configured_fails_at_import(tmp_path: Path) -> None:
-    """An app process that imports ``tasks`` (to install the nudge) with a database URL but no
-    broker fails right there with a ConfigError naming DELIVERY_BROKER_URL, instead of
+def test_app_importing_the_worker_half_configured_fails_at_import(tmp_path: Path) -> None:
+    """An app process that imports ``delivery.worker`` (to install the nudge) with a database URL
+    but no broker fails right there with a ConfigError naming DELIVERY_BROKER_URL, instead of
     publishing its messages to a file broker that no worker reads."""
     script = (
         "import sys; sys.path.insert(0, sys.argv[1])\n"
         "from delivery.errors import ConfigError\n"
-        "try:\n    import tasks\nexcept ConfigError as exc:\n    print(exc.key); sys.exit(3)\n"
+        "try:\n    import delivery.worker\n"
+        "except ConfigError as exc:\n    print(exc.key); sys.exit(3)\n"
         "sys.exit(0)\n"
     )
     env = _env(DELIVERY_DATABASE_URL=PG)
@@ -128,10 +130,10 @@ def test_app_importing_tasks_half_configured_fails_at_import(tmp_path: Path) -> 
 
 
 def test_worker_half_configured_refuses_to_start(tmp_path: Path) -> None:
-    """``celery -A tasks worker`` with a broker but no database URL exits at start-up with one
-    line naming DELIVERY_DATABASE_URL, no traceback (it does not start consuming)."""
+    """``celery -A delivery.worker worker`` with a broker but no database URL exits at start-up
+    with one line naming DELIVERY_DATABASE_URL, no traceback (it does not start consuming)."""
     env = _env(DELIVERY_BROKER_URL="redis://127.0.0.1:1/0", PYTHONPATH=str(ROOT))
-    argv = [sys.executable, "-m", "celery", "-A", "tasks", "worker", "--pool", "solo"]
+    argv = [sys.executable, "-m", "celery", "-A", "delivery.worker", "worker", "--pool", "solo"]
     done = _run(argv, env, tmp_path)
     assert done.returncode != 0
     assert "DELIVERY_DATABASE_URL" in done.stderr and "Traceback" not in done.stderr

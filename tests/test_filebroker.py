@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 from kombu import Connection
 
-from tasks.filebroker import TRANSPORT, WRITING, options
+from delivery.worker.filebroker import TRANSPORT, WRITING, options
 
 
 def _connection(folder: Path) -> Connection:

@@ -1,6 +1,6 @@
 """Flower over the real pipeline: tasks found by message key, no PII, dead and retried tasks.
 
-Starts ``celery -A tasks flower`` with ``deploy/flowerconfig.py`` against the suite's broker,
+Starts ``celery -A delivery.worker flower`` with ``deploy/flowerconfig.py`` against the suite's broker,
 drives three messages through the running worker and reads Flower's HTTP API.
 """
 
@@ -22,7 +22,7 @@ from sqlalchemy.orm import Session
 
 import delivery
 import delivery.pipeline.models
-import tasks  # noqa: F401  (installs the post-commit nudge in this process)
+import delivery.worker
 from delivery.config.settings import BreakerConfig
 from delivery.guards.breaker import CircuitBreaker, Verdict
 from delivery.guards.redis_client import redis_client
@@ -43,7 +43,7 @@ def start_flower(port: int, db: Path) -> ServiceProcess:
         "-m",
         "celery",
         "-A",
-        "tasks",
+        "delivery.worker",
         "flower",
         f"--port={port}",
         "--address=127.0.0.1",
@@ -217,7 +217,7 @@ def test_flower_config_refuses_to_run_without_auth(tmp_path: Path) -> None:
             "-m",
             "celery",
             "-A",
-            "tasks",
+            "delivery.worker",
             "flower",
             f"--port={free_port()}",
             "--address=127.0.0.1",

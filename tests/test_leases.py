@@ -192,7 +192,7 @@ def test_keeper_renews_a_received_message_at_once_without_polling() -> None:
     """The keeper renews a message the moment the worker receives it (``task_received``), not
     at its next periodic pass (an hour away here); a failed renewal is tried again with the
     next wake-up."""
-    from tasks.leases import Keeper
+    from delivery.worker.leases import Keeper
 
     renewed: list[set[int]] = []
     failed, called = threading.Event(), threading.Event()
@@ -222,7 +222,7 @@ def test_relay_knows_the_depth_of_every_queue_empty_ones_included(clean: Engine)
     """The relay's broker depths are numbers for every queue, an empty Redis queue included
     (no key in Redis: a passive declare called it missing, so the relay published a whole
     backlog at once, without back-pressure or renewal, just when it fell due)."""
-    from tasks.schedule import queue_depths
+    from delivery.worker.schedule import queue_depths
 
     depths = queue_depths()
     assert set(depths) == {"urgent", "normal", "bulk"}

@@ -165,8 +165,8 @@ def test_worker_metrics_count_attempts_transitions_latency_and_breakers() -> Non
 
 def test_beat_relay_pass_feeds_the_batch_size_histogram(clean: Engine) -> None:
     """Each relay pass that beat runs observes its batch size once (an empty pass too)."""
-    from tasks import metrics as worker_metrics
-    from tasks.schedule import relay_pass
+    from delivery.worker import metrics as worker_metrics
+    from delivery.worker.schedule import relay_pass
 
     before = worker_metrics.registry.get_sample_value("delivery_relay_batch_size_count") or 0
     relay_pass()
@@ -282,7 +282,7 @@ def test_worker_logs_every_transition_as_json_with_no_recipient(live: Engine, st
     """The real worker's log has one JSON line per transition of each message (from, to,
     attempt, outcome, provider), and neither recipient appears anywhere in it."""
     import delivery
-    import tasks  # noqa: F401  (the post-commit nudge)
+    import delivery.worker
 
     # A breaker left open or half-open by an earlier test would park these messages.
     CircuitBreaker("stub", BreakerConfig(), client=redis_client(REDIS_URL)).reset()

@@ -10,7 +10,7 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 import delivery
-import tasks  # noqa: F401  (installs the post-commit nudge in this process)
+import delivery.worker
 from delivery.pipeline.models import Attempt, Message
 from tests.conftest import counts, drained
 

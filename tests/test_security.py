@@ -53,7 +53,7 @@ IN_CI = os.environ.get("CI") == "true"
 STUB_SECRET = "sk_test_stub_" + secrets.token_hex(16)
 OTHER_SECRET = "sk_test_other_" + secrets.token_hex(16)
 SECRETS = {"STUB_API_KEY": STUB_SECRET, "OTHER_API_KEY": OTHER_SECRET}
-RELAY = "from tasks.schedule import relay; print(relay())"
+RELAY = "from delivery.worker.schedule import relay; print(relay())"
 DENIED = "+12015550401"  # the provider answers 401 for this recipient: the failure path too
 
 # Keys and recipients a careless layer would interpret: SQL, shell, format strings, quotes.

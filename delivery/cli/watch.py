@@ -143,7 +143,7 @@ def metrics_command(host: str, port: int) -> None:
 
     Messages by provider and status, dead-letter depth, oldest pending age, relay lag and
     breaker states. Attempt counters and send latency come from the workers
-    (DELIVERY_METRICS_PORT, see tasks.metrics).
+    (DELIVERY_METRICS_PORT, see delivery.worker.metrics).
     """
     from prometheus_client import start_http_server
 

@@ -3,7 +3,7 @@
 Reads the ``DELIVERY_*`` keys from ``app.config``, falling back to the environment (see
 ``delivery.contrib.settings``); without ``DELIVERY_DATABASE_URL`` anywhere the outbox is the
 app's own ``SQLALCHEMY_DATABASE_URI``. The settings are made this process's with
-``delivery.configure``, and unless ``DELIVERY_NUDGE`` is false the Celery app ``tasks`` is
+``delivery.configure``, and unless ``DELIVERY_NUDGE`` is false the Celery app ``delivery.worker`` is
 imported, which installs the post-commit nudge. Flask-SQLAlchemy's session passes straight
 to ``delivery.enqueue``::
 

@@ -1,9 +1,9 @@
 """The post-commit nudge, as seen from the framework integrations.
 
-The Celery app ``tasks`` installs the nudge when it is imported
+The Celery app ``delivery.worker`` installs the nudge when it is imported
 (``delivery.pipeline.outbox.set_nudge``): after the caller's commit it claims the new rows
 and publishes their tasks at once, so a message does not wait for the next beat tick (the
-beat relay remains the safety net). The integrations import ``tasks`` only when asked to
+beat relay remains the safety net). The integrations import ``delivery.worker`` only when asked to
 (``DELIVERY_NUDGE``, true by default), never at import time, so ``delivery`` itself stays
 free of Celery.
 """
@@ -29,9 +29,9 @@ _engine: Engine | None = None
 
 
 def install_nudge() -> None:
-    """Import the Celery app ``tasks``, which installs the nudge and reads the settings
+    """Import the Celery app ``delivery.worker``, which installs the nudge and reads the settings
     configured so far (configure them first)."""
-    importlib.import_module("tasks")
+    importlib.import_module("delivery.worker")
 
 
 def installed() -> bool:

@@ -8,8 +8,8 @@ Two sources, because they live in different processes:
   ``delivery_oldest_pending_age_seconds``, ``delivery_relay_lag_seconds``,
   ``delivery_breaker_state{provider}`` (0 closed, 1 half-open, 2 open; only with a shared
   Redis), ``delivery_breaker_failures{provider}`` and ``delivery_outbox_up``.
-- ``WorkerMetrics`` (served by each worker, see ``tasks.metrics``) counts what happens in the
-  process that does it: ``delivery_attempts_total{provider,outcome}`` (one per provider call,
+- ``WorkerMetrics`` (served by each worker, see ``delivery.worker.metrics``) counts what happens
+  in the process that does it: ``delivery_attempts_total{provider,outcome}`` (one per provider call,
   by outcome class), ``delivery_transitions_total{provider,from_status,to_status,outcome}``,
   ``delivery_send_latency_seconds{provider}`` (enqueue -> provider accept: ``created_at`` ->
   ``sent_at``), ``delivery_relay_batch_size`` and

@@ -17,5 +17,5 @@ results), ``policies`` (what an unknown outcome does), ``backoff`` (one pure fun
 
 May import: ``delivery.errors``, ``delivery.config``, ``delivery.runtime``,
 ``delivery.providers``, ``delivery.guards`` and ``delivery.observability.events``; never
-Celery (``tasks`` calls in here, not the other way round), the CLI or ``delivery.ops``.
+Celery (``delivery.worker`` calls in here, not the other way round), the CLI or ``delivery.ops``.
 """

@@ -14,7 +14,8 @@ now`` over the time between two passes, smoothed (EWMA, ``SMOOTHING``). A queue 
 ``max(floor, rate * dispatch_lease * SHARE)`` tasks: at the measured rate, the last of them
 is taken after half the lease. ``floor`` (default ``relay_batch``) keeps a new or idle queue
 moving while there is no rate yet. A queue whose depth is unknown (the broker did not say) is
-not limited. Pure arithmetic over the numbers it is given; the broker is asked in ``tasks/``.
+not limited. Pure arithmetic over the numbers it is given; the broker is asked in
+``delivery.worker``.
 """
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ class Claim(NamedTuple):
     attempts: int = 0
 
 
-#: Publishes claimed rows; what it returns is its own (``tasks.deliver.publish``: tasks per queue).
+#: Publishes claimed rows; what it returns is its own (``delivery.worker.deliver.publish``:
+#: tasks per queue).
 Publisher = Callable[[Sequence[Claim]], object]
 
 

@@ -162,7 +162,7 @@ def worker(
 ) -> ServiceProcess:
     argv = _python_m(
         "celery",
-        *("-A", "tasks", "worker", "--pool", pool, "--concurrency", str(concurrency)),
+        *("-A", "delivery.worker", "worker", "--pool", pool, "--concurrency", str(concurrency)),
         *("--loglevel", "INFO", "-n", f"{name}@%h", "--without-gossip", "--without-mingle"),
         *extra,
     )
@@ -172,7 +172,9 @@ def worker(
 def beat(
     log: Path, schedule: Path, *, env: Mapping[str, str] | None = None, cwd: Path | None = None
 ) -> ServiceProcess:
-    argv = _python_m("celery", "-A", "tasks", "beat", "--loglevel", "DEBUG", "-s", str(schedule))
+    argv = _python_m(
+        "celery", "-A", "delivery.worker", "beat", "--loglevel", "DEBUG", "-s", str(schedule)
+    )
     return ServiceProcess("beat", argv, log=log, ready="beat: Starting", env=env, cwd=cwd)
 
 

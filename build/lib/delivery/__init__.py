@@ -1,0 +1,56 @@
+"""delivery: a transactional outbox for SMS, email and webhooks.
+
+Write a message in your own transaction with ``enqueue``; the Celery service in ``delivery.worker``
+sends it so that it takes effect once, is never lost, and can be repaired by ops.
+
+The names below are the public API. The rooms behind them, each package's docstring saying
+what lives there and what it may import: ``pipeline`` (a message from your transaction to its
+final state), ``guards`` (circuit breaker, rate limit), ``providers`` (the adapters), ``ops``
+(inspect, repair, prune), ``observability`` (events, metrics), ``cli``, ``testing`` (the stub
+provider, the demo), ``config`` (settings) and ``runtime`` (this process's wiring). Nothing
+here imports Celery.
+"""
+
+from __future__ import annotations
+
+from delivery.config.loading import load_settings
+from delivery.config.settings import Settings
+from delivery.errors import (
+    ConfigError,
+    DeliveryError,
+    IdempotencyConflict,
+    InvalidMessage,
+    MessageNotFound,
+)
+from delivery.observability.events import Transition, add_hook
+from delivery.pipeline.bulk import Enqueued, enqueue_many
+from delivery.pipeline.keys import agent_key, key
+from delivery.pipeline.models import Attempt, Message
+from delivery.pipeline.outbox import EnqueueArgs, enqueue
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.status import Status
+from delivery.runtime.current import configure, get_settings
+
+__all__ = [
+    "Attempt",
+    "ConfigError",
+    "DeliveryError",
+    "EnqueueArgs",
+    "Enqueued",
+    "IdempotencyConflict",
+    "InvalidMessage",
+    "Message",
+    "MessageNotFound",
+    "Settings",
+    "Status",
+    "Transition",
+    "UnknownPolicy",
+    "add_hook",
+    "agent_key",
+    "configure",
+    "enqueue",
+    "enqueue_many",
+    "get_settings",
+    "key",
+    "load_settings",
+]

@@ -1,0 +1,60 @@
+"""The ``delivery`` command: migrations, ops queries and repairs, live view, metrics, stub.
+
+One module per command group; each parses its options, asks ``delivery.ops`` (or the breakers,
+or the migrations) and renders the answer; none holds a query of its own:
+
+- ``db``: ``db upgrade``, ``db current``;
+- ``inspect``: ``stats``, ``dead``, ``show``;
+- ``repair``: ``redrive``, ``resolve``, ``cancel``;
+- ``prune``: ``prune``;
+- ``watch``: ``watch``, ``metrics``;
+- ``breaker``: ``breaker status``, ``breaker reset``;
+- ``testing``: ``stub-provider``, ``demo``;
+- ``console``: ``console`` (the web console, ``delivery.console``);
+- ``common``: what they share (settings, the outbox session, tables, JSON, ``parse_since``).
+
+To add a command, write it in the module of its group and open the outbox with
+``open_session()`` (it never commits; the command does), then add it to ``main`` below::
+
+    @click.command()
+    def example() -> None:
+        with open_session() as session:
+            ...
+            session.commit()
+
+May import anything of ``delivery`` but ``delivery.contrib``; never Celery.
+"""
+
+from __future__ import annotations
+
+import click
+
+from delivery.cli import breaker, console, db, inspect, prune, repair, testing, watch
+from delivery.cli.common import DeliveryGroup, parse_since
+
+__all__ = ["main", "parse_since"]
+
+
+@click.group(cls=DeliveryGroup)
+@click.version_option(package_name="delivery-outbox")
+def main() -> None:
+    """Transactional outbox for SMS, email and webhooks: inspect and repair messages."""
+
+
+for _command in (
+    db.db,
+    inspect.stats,
+    inspect.dead_command,
+    inspect.show,
+    repair.redrive_command,
+    repair.resolve_command,
+    repair.cancel_command,
+    prune.prune_command,
+    watch.watch_command,
+    watch.metrics_command,
+    testing.stub_provider_command,
+    testing.demo,
+    breaker.breaker_group,
+    console.console_command,
+):
+    main.add_command(_command)

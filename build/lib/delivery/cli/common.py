@@ -1,0 +1,229 @@
+"""What every command of the ``delivery`` CLI shares: settings, the outbox session, output.
+
+Settings come from ``delivery.config.loading.load_settings()`` (``DELIVERY_DATABASE_URL``,
+``DELIVERY_CONFIG``, ...), read when a command runs, so ``--help`` always works. A bad setting
+or a ``DeliveryError`` prints ``error: ...`` on stderr and exits 2, without a traceback
+(``DeliveryGroup``). Tables are rich tables whose cells are never parsed as markup; JSON goes
+to stdout in one line; progress bars go to stderr so that ``--json`` output stays clean.
+
+Nothing a command prints can drive the terminal: ``cell``, ``echo`` and the error lines
+replace control characters (escape sequences, bidi overrides, ...) with spaces, and
+``echo_json`` writes them as JSON escapes (the same JSON value).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import re
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import click
+from rich.console import Console
+from rich.progress import MofNCompleteColumn, Progress
+from rich.table import Table
+from rich.text import Text
+from sqlalchemy import Engine
+from sqlalchemy.exc import OperationalError, ProgrammingError
+from sqlalchemy.orm import Session
+
+from delivery.config.loading import load_settings
+from delivery.config.settings import Settings
+from delivery.errors import DeliveryError
+from delivery.pipeline.bounds import printable
+from delivery.pipeline.models import utcnow
+from delivery.runtime.db import make_engine, make_sessionmaker
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+__all__ = [
+    "PIPE_WIDTH",
+    "DeliveryGroup",
+    "age",
+    "cell",
+    "current_settings",
+    "echo",
+    "echo_json",
+    "host_port_options",
+    "new_console",
+    "new_table",
+    "older_than_callback",
+    "open_engine",
+    "open_session",
+    "parse_since",
+    "progress_bar",
+    "since_callback",
+    "since_option",
+]
+
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+_DURATION = re.compile(r"(\d+)\s*([smhdw])")
+
+
+class DeliveryGroup(click.Group):
+    """A group that turns expected errors into ``error: ...`` and exit status 2."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except DeliveryError as exc:
+            echo(f"error: {exc}", err=True)
+            ctx.exit(2)
+        except (OperationalError, ProgrammingError) as exc:
+            echo(
+                f"error: database: {exc.orig} (is it reachable, and migrated with "
+                "`delivery db upgrade`?)",
+                err=True,
+            )
+            ctx.exit(2)
+
+
+def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
+    """``30m``, ``2h``, ``7d`` (also ``s``, ``w``) ago, or an ISO-8601 time (naive means UTC).
+
+    Raises ``click.BadParameter`` naming ``--since`` on anything else.
+    """
+    text = value.strip()
+    match = _DURATION.fullmatch(text)
+    try:
+        if match:
+            amount = dt.timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
+            return (now or utcnow()) - amount
+        moment = dt.datetime.fromisoformat(text)
+    except (ValueError, OverflowError):
+        pass
+    else:
+        return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
+    raise click.BadParameter(
+        f"{value!r} is neither a duration (30m, 2h, 7d) nor an ISO-8601 time",
+        param_hint="'--since'",
+    )
+
+
+def since_option(help: str) -> Callable[[F], F]:
+    """``--since 2h|30m|7d|ISO``, parsed into an aware datetime (``parse_since``)."""
+    return click.option("--since", callback=since_callback, metavar="2h|30m|7d|ISO", help=help)
+
+
+def since_callback(
+    _ctx: click.Context, _param: click.Parameter, value: str | None
+) -> dt.datetime | None:
+    return None if value is None else parse_since(value)
+
+
+def current_settings() -> Settings:
+    return load_settings()
+
+
+@contextmanager
+def open_engine(settings: Settings | None = None) -> Iterator[Engine]:
+    """An engine on the configured outbox, disposed on exit."""
+    engine = make_engine((settings or current_settings()).database_url)
+    try:
+        yield engine
+    finally:
+        engine.dispose()
+
+
+@contextmanager
+def open_session(settings: Settings | None = None) -> Iterator[Session]:
+    """A session on the configured outbox. It never commits: the command does."""
+    with open_engine(settings) as engine, make_sessionmaker(engine)() as session:
+        yield session
+
+
+PIPE_WIDTH = 4096
+"""The width of tables written to a pipe, a file or cron's mail: wide enough that a key (255
+characters) or an error code is never split across lines."""
+
+
+def new_console() -> Console:
+    """A console for stdout. On a terminal, tables fit its width (long values fold); anywhere
+    else (a pipe, a file, cron) nothing wraps, so ``grep KEY`` and ``cut`` see whole values."""
+    console = Console(highlight=False, soft_wrap=False)
+    if console.is_terminal:
+        return console
+    return Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+
+
+def cell(value: object) -> Text:
+    """Plain text for a table cell: never parsed as rich markup."""
+    if value is None:
+        return Text("-", style="dim")
+    if isinstance(value, dt.datetime):
+        return Text(value.astimezone(dt.UTC).strftime("%Y-%m-%d %H:%M:%S"))
+    return Text(printable(str(value)))
+
+
+def new_table(*headers: str) -> Table:
+    """A table whose long values (keys, errors) fold onto more lines, never get cut."""
+    table = Table()
+    for header in headers:
+        table.add_column(header, overflow="fold")
+    return table
+
+
+def echo(text: str, *, err: bool = False) -> None:
+    """``click.echo`` of one line, control characters replaced by spaces."""
+    click.echo(printable(text), err=err)
+
+
+_UNSAFE_IN_JSON = re.compile(
+    "[\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u206f\ufeff\ud800-\udfff]"
+)
+
+
+def echo_json(value: Any) -> None:
+    """One line of JSON; characters that could drive a terminal are written as escapes."""
+    text = json.dumps(value, ensure_ascii=False)  # escapes C0 itself
+    click.echo(_UNSAFE_IN_JSON.sub(lambda m: f"\\u{ord(m.group()):04x}", text))
+
+
+def age(seconds: float | None) -> str:
+    """``none``, ``42 s``, ``12 min``, ``3.5 h``, ``2.0 d``."""
+    if seconds is None:
+        return "none"
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 172800:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def progress_bar() -> Progress:
+    """A progress bar on stderr, so that ``--json`` output on stdout stays clean."""
+    return Progress(
+        *Progress.get_default_columns(),
+        MofNCompleteColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    )
+
+
+def older_than_callback(_ctx: click.Context, _param: click.Parameter, value: str) -> dt.datetime:
+    try:
+        return parse_since(value)
+    except click.BadParameter as exc:
+        raise click.BadParameter(exc.message, param_hint="'--older-than'") from None
+
+
+def host_port_options(port: int) -> Callable[[F], F]:
+    """``--host`` (default 127.0.0.1) and ``--port`` (default ``port``, 0 for any) of a server."""
+
+    def decorate(command: F) -> F:
+        command = click.option(
+            "--port",
+            type=click.IntRange(0, 65535),
+            default=port,
+            show_default=True,
+            help="Port to bind, 0 for any.",
+        )(command)
+        return click.option(
+            "--host", default="127.0.0.1", show_default=True, help="Address to bind."
+        )(command)
+
+    return decorate

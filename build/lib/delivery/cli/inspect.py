@@ -1,0 +1,167 @@
+"""``delivery stats``, ``delivery dead``, ``delivery show``: read the outbox (``ops.inspect``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from delivery import ops
+from delivery.cli.common import (
+    age,
+    cell,
+    echo_json,
+    new_console,
+    new_table,
+    open_session,
+    since_option,
+)
+from delivery.pipeline.models import Message
+
+__all__ = ["dead_command", "show", "stats"]
+
+
+@click.command()
+@click.option("--json", "as_json", is_flag=True, help="One JSON object: status -> count.")
+@click.option(
+    "--by-provider",
+    is_flag=True,
+    help="Also counts per provider and the oldest pending age (JSON: extra keys "
+    "'by_provider' and 'oldest_pending_age_seconds' beside the status counts).",
+)
+def stats(as_json: bool, by_provider: bool) -> None:
+    """Count messages in every status (and per provider, with --by-provider)."""
+    with open_session() as session:
+        counts = ops.stats(session)
+        providers = ops.stats_by_provider(session) if by_provider else {}
+        oldest = ops.oldest_pending_age(session)
+    if as_json:
+        extra = {"by_provider": providers, "oldest_pending_age_seconds": oldest}
+        echo_json({**counts, **extra} if by_provider else counts)
+        return
+    table = Table("status", "messages", *providers, title="delivery outbox")
+    for status, count in counts.items():
+        table.add_row(cell(status), cell(count), *(cell(c[status]) for c in providers.values()))
+    table.add_section()
+    totals = (cell(sum(c.values())) for c in providers.values())
+    table.add_row(Text("total", style="bold"), cell(sum(counts.values())), *totals)
+    console = new_console()
+    console.print(table)
+    console.print(f"oldest pending: {age(oldest)}")
+
+
+def _messages_table(messages: Sequence[Message], title: str) -> Table:
+    table = new_table(
+        "id", "key", "channel", "recipient", "tries", "code", "updated (UTC)", "error"
+    )
+    table.title = title
+    for message in messages:
+        fields = ops.message_dict(message)
+        table.add_row(
+            cell(message.id),
+            cell(message.key),
+            cell(message.channel),
+            cell(fields["recipient"]),
+            cell(f"{message.attempts}/{message.max_attempts}"),
+            cell(message.last_error_code),
+            cell(message.updated_at),
+            cell(fields["last_error"]),
+        )
+    return table
+
+
+@click.command("dead")
+@since_option("Only messages that died since then.")
+@click.option("--code", help="Only messages whose last error code is CODE.")
+@click.option("--limit", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="A JSON list of messages.")
+def dead_command(since: dt.datetime | None, code: str | None, limit: int, as_json: bool) -> None:
+    """List dead messages, most recent first."""
+    with open_session() as session:
+        messages = ops.dead(session, since=since, code=code, limit=limit)
+    if as_json:
+        echo_json([ops.message_dict(message) for message in messages])
+        return
+    if not messages:
+        click.echo("no dead messages")
+        return
+    new_console().print(_messages_table(messages, f"{len(messages)} dead"))
+
+
+def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]) -> Table:
+    """Attempts numbered across redrives (``#``), each with its try number within its round,
+    and the operator actions (redrive, resolve, ...) between them. ``shown`` are the attempts'
+    dicts (``ops.attempt_dict``: error text masked); their error is printed, never the raw
+    stored text."""
+    errors = {fields["id"]: fields["error"] for fields in shown}
+    table = new_table(
+        "#", "round", "when (UTC)", "what", "outcome", "http", "code", "ms", "error / detail"
+    )
+    table.title = "timeline"
+    for event in events:
+        attempt, action = event.attempt, event.audit
+        if attempt is not None:
+            latency = None if attempt.latency_ms is None else f"{attempt.latency_ms:.0f}"
+            table.add_row(
+                cell(event.seq),
+                cell(event.round),
+                cell(attempt.started_at),
+                cell(f"{attempt.kind} (try {attempt.number})"),
+                cell(attempt.outcome),
+                cell(attempt.http_status),
+                cell(attempt.error_code),
+                cell(latency),
+                cell(errors.get(attempt.id)),
+            )
+        elif action is not None:
+            moved = f"{action.from_status} -> {action.to_status}" if action.from_status else None
+            table.add_row(
+                cell(None),
+                cell(event.round),
+                cell(action.at),
+                cell(f"{action.action} by {action.actor}"),
+                cell(moved),
+                cell(None),
+                cell(None),
+                cell(None),
+                cell(action.detail),
+            )
+    return table
+
+
+@click.command()
+@click.argument("ref", metavar="ID_OR_KEY")
+@click.option("--json", "as_json", is_flag=True, help="One JSON object with the attempts.")
+@click.option("--reveal", is_flag=True, help="Show the recipient and payload unmasked (audited).")
+def show(ref: str, as_json: bool, reveal: bool) -> None:
+    """Show one message and its full attempt log."""
+    with open_session() as session:
+        message, attempts = ops.show(session, ref)
+        if reveal:
+            ops.reveal(session, ref, actor=ops.cli_actor())
+            session.commit()
+        events = ops.timeline(session, message, attempts)
+    data = ops.message_dict(message, attempts, reveal=reveal)
+    if as_json:
+        echo_json(data)
+        return
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column(overflow="fold")
+    for name, value in data.items():
+        if name == "attempts":
+            continue
+        if name == "payload" and reveal:
+            value = json.dumps(value, ensure_ascii=False)
+        grid.add_row(Text(name), cell(value))
+    console = new_console()
+    console.print(grid)
+    if events:
+        console.print(_timeline_table(events, data["attempts"]))
+    else:
+        console.print("no attempts yet")

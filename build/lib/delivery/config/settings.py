@@ -1,0 +1,167 @@
+"""The settings object: frozen, typed parts, one ``Settings`` per process.
+
+``delivery.config.loading`` builds it from the environment and an optional TOML file and
+checks every value (a wrong one is a ``ConfigError`` naming its dotted key); these classes
+only hold the result. Nothing here reads ``os.environ`` at import time: ``ProviderConfig``
+reads its secret from the environment when an adapter asks for it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from delivery.pipeline.policies import UnknownPolicy
+
+__all__ = [
+    "CHANNELS",
+    "DEFAULT_HOME",
+    "DEFAULT_STUB_URL",
+    "ON_REDIS_ERROR",
+    "PRIORITIES",
+    "PROVIDER_KINDS",
+    "Backoff",
+    "BreakerConfig",
+    "ChannelConfig",
+    "MessageType",
+    "ProviderConfig",
+    "Settings",
+    "Timeouts",
+]
+
+CHANNELS = ("email", "sms", "webhook")
+PRIORITIES = ("urgent", "normal", "bulk")
+PROVIDER_KINDS = ("http", "pigeon", "twilio", "webhook")  # built in; see delivery.providers
+ON_REDIS_ERROR = ("local", "allow")
+DEFAULT_HOME = ".delivery"
+DEFAULT_STUB_URL = "http://127.0.0.1:9090"
+
+
+@dataclass(frozen=True, slots=True)
+class Timeouts:
+    """Per-phase HTTP timeouts in seconds (httpx's connect / write / read / pool)."""
+
+    connect: float = 3.0
+    write: float = 5.0
+    read: float = 10.0
+    pool: float = 5.0
+
+    @property
+    def total(self) -> float:
+        return self.connect + self.write + self.read + self.pool
+
+
+@dataclass(frozen=True, slots=True)
+class Backoff:
+    """Full-jitter backoff: delay ~ U(0, min(cap, base * 2**attempt))."""
+
+    base: float = 1.0
+    cap: float = 300.0
+
+
+@dataclass(frozen=True, slots=True)
+class BreakerConfig:
+    """A provider's circuit breaker (``delivery.guards.breaker``, whose docstring has the
+    reasoning behind these defaults). It opens on an outage, not on a provider that mostly
+    works: 30% of answers lost or 15% of 503s leave it closed.
+
+    Closed -> open when, among the calls of the last ``window`` seconds, transient failures
+    are at least ``failure_rate`` of at least ``minimum_calls`` calls; or after
+    ``consecutive_failures`` transient failures in a row (a dead provider, at any volume; 0
+    turns it off); or, if ``failure_threshold`` is above 0, after that many failures in the
+    window whatever the volume (for low-volume senders). After ``reset_timeout`` seconds it
+    lets ``half_open_probes`` probes go, one at a time, and closes as soon as their failure
+    rate can no longer reach ``failure_rate``, or reopens as soon as it cannot fall below it.
+    ``enabled = False`` sends without a breaker. ``on_redis_error``: ``local`` (each process
+    keeps its own breaker while Redis is unreachable) or ``allow`` (send without one meanwhile).
+    """
+
+    failure_rate: float = 0.5
+    minimum_calls: int = 40
+    consecutive_failures: int = 10
+    failure_threshold: int = 0
+    window: float = 60.0
+    reset_timeout: float = 30.0
+    half_open_probes: int = 5
+    enabled: bool = True
+    on_redis_error: str = "local"
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderConfig:
+    name: str
+    kind: str
+    base_url: str
+    timeouts: Timeouts
+    api_key_env: str | None = None
+    breaker: BreakerConfig = BreakerConfig()
+    options: Mapping[str, Any] = field(default_factory=dict)  # the adapter's own keys
+    rate_limit: float | None = None  # messages per second, shared by every worker
+
+    def api_key(self, environ: Mapping[str, str] | None = None) -> str | None:
+        """The secret, read from the environment when needed; never stored in settings."""
+        if self.api_key_env is None:
+            return None
+        return (os.environ if environ is None else environ).get(self.api_key_env)
+
+
+@dataclass(frozen=True, slots=True)
+class MessageType:
+    """Defaults for one kind of message (``otp``, ``receipt``, ``marketing``), chosen with
+    ``enqueue(..., type="otp")``; explicit arguments to ``enqueue`` win.
+
+    ``priority`` picks the Celery queue (``urgent`` -> ``delivery.urgent``, ``bulk`` ->
+    ``delivery.bulk``, ``normal`` -> ``delivery``); ``ttl`` (seconds from the due time) is how
+    long the message is worth sending: past it, it ends ``expired`` instead of going out late.
+    """
+
+    name: str
+    channel: str
+    provider: str | None = None
+    on_unknown: UnknownPolicy | None = None
+    max_attempts: int | None = None
+    backoff: Backoff | None = None
+    priority: str = "normal"
+    ttl: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ChannelConfig:
+    name: str
+    provider: str
+    on_unknown: UnknownPolicy = UnknownPolicy.RETRY
+    max_attempts: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    database_url: str
+    broker_url: str
+    redis_url: str | None = None
+    providers: Mapping[str, ProviderConfig] = field(default_factory=dict)
+    channels: Mapping[str, ChannelConfig] = field(default_factory=dict)
+    types: Mapping[str, MessageType] = field(default_factory=dict)
+    backoff: Backoff = Backoff()
+    max_attempts: int = 8
+    max_payload_bytes: int = 64 * 1024
+    relay_interval: float = 1.0
+    relay_batch: int = 500
+    dispatch_lease: float = 10.0  # covers a task between the relay's last look and its worker
+    send_lease: float = 60.0
+    hold_lease: float = 10.0  # a held message whose worker stopped renewing comes back then
+    sweep_interval: float = 2.0
+    max_countdown: float = 300.0
+    #: Messages per ``delivery.deliver_batch`` task when the relay has a backlog (1: every
+    #: message its own ``delivery.deliver`` task, the path before batches).
+    batch_size: int = 50
+    #: Sends in flight at once per worker process for a batch (its thread pool).
+    send_concurrency: int = 8
+    home: str = DEFAULT_HOME
+
+    def channel(self, name: str) -> ChannelConfig | None:
+        return self.channels.get(name)
+
+    def with_(self, **changes: Any) -> Settings:
+        return replace(self, **changes)

@@ -1,0 +1,48 @@
+"""The ops console: the outbox on a web page (``delivery console``).
+
+Server-rendered pages over ``delivery.ops`` (every query and repair is the one the CLI runs),
+with no JavaScript at all: search, a message's timeline, redrive / resolve / cancel with a
+confirmation that says what will happen, bulk repairs with a dry-run count and progress,
+breakers, and the audit of every operator action.
+
+Built on Flask (Jinja2 templates, Werkzeug's threaded server): the ops layer is synchronous
+SQLAlchemy, so an async stack would buy nothing, and Flask is already the ``flask`` extra's
+framework. Install with ``pip install 'delivery-outbox[console]'``.
+
+- ``app``: ``create_app`` (the WSGI app), its per-request session and error pages;
+- ``auth``: operators and viewers from ``DELIVERY_CONSOLE_AUTH`` / ``DELIVERY_CONSOLE_VIEWERS``,
+  HTTP Basic; ``csrf``: the token every POST carries;
+- ``charts``: inline SVG line charts drawn on the server;
+- ``jobs``: bulk repairs run in a thread, in batches, with progress;
+- ``pages/``: one module per page (overview, messages, bulk, breakers, audit);
+- ``server``: ``serve`` (what ``delivery console`` runs).
+
+May import: ``delivery.ops``, ``delivery.config``, ``delivery.runtime``, ``delivery.guards``,
+``delivery.errors``, ``delivery.pipeline`` (models, status); never the CLI or Celery.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from delivery.console.auth import Users, parse_users
+from delivery.errors import ConfigError
+
+if TYPE_CHECKING:
+    from flask import Flask
+
+__all__ = ["INSTALL_HINT", "Users", "create_app", "parse_users"]
+
+INSTALL_HINT = "pip install 'delivery-outbox[console]'"
+
+
+def create_app(**options: Any) -> Flask:
+    """``delivery.console.app.create_app``, or ``ConfigError`` naming the pip extra when Flask
+    is not installed."""
+    try:
+        from delivery.console.app import create_app as build
+    except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
+        if exc.name and exc.name.split(".")[0] in ("flask", "werkzeug", "jinja2"):
+            raise ConfigError("console", f"needs Flask: {INSTALL_HINT}") from None
+        raise
+    return build(**options)

@@ -1,0 +1,75 @@
+"""What a page reaches during a request: the console's shared state, this request's database
+session, and the audit actor of the signed-in user."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable
+
+from flask import g
+from sqlalchemy.orm import Session, sessionmaker
+
+from delivery.config.settings import Settings
+from delivery.console.auth import Users
+from delivery.console.csrf import Csrf
+from delivery.console.jobs import Jobs
+
+__all__ = ["ConsoleState", "TimedCache", "actor", "db", "state"]
+
+
+class TimedCache:
+    """Values kept for a few seconds, so that a dashboard left open (or several operators on
+    it) does not re-run the same aggregate over a large outbox on every load."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._values: dict[object, tuple[float, object]] = {}
+
+    def get(self, key: object, ttl: float, compute: Callable[[], object]) -> object:
+        now = self._clock()
+        with self._lock:
+            found = self._values.get(key)
+            if found is not None and now - found[0] < ttl:
+                return found[1]
+        value = compute()
+        with self._lock:
+            self._values[key] = (now, value)
+        return value
+
+
+class ConsoleState:
+    """What the console's pages share: settings, sessions, users, tokens, bulk jobs."""
+
+    def __init__(self, settings: Settings, users: Users, sessions: sessionmaker[Session]) -> None:
+        self.settings = settings
+        self.users = users
+        self.sessions = sessions
+        self.csrf = Csrf(os.urandom(32))
+        self.jobs = Jobs(sessions)
+        self.cache = TimedCache()
+        flower = os.environ.get("DELIVERY_FLOWER_URL", "http://127.0.0.1:5555")
+        self.flower_url = flower.rstrip("/")
+
+
+def state() -> ConsoleState:
+    """The console state of the app serving this request."""
+    found = g.get("console_state")
+    assert isinstance(found, ConsoleState)
+    return found
+
+
+def db() -> Session:
+    """This request's session (closed when the request ends; pages commit themselves)."""
+    if "db" not in g:
+        g.db = state().sessions()
+    session = g.db
+    assert isinstance(session, Session)
+    return session
+
+
+def actor() -> str:
+    """The audit actor of this request: ``console:<user>``."""
+    return f"console:{g.user}"

@@ -1,0 +1,18 @@
+"""The console's pages, one module each, registered on the app by ``register``.
+
+May import: ``delivery.console`` (app, charts, jobs), ``delivery.ops``, ``delivery.guards``,
+``delivery.providers.registry`` and ``delivery.pipeline`` (models, status).
+"""
+
+from __future__ import annotations
+
+from flask import Flask
+
+from delivery.console.pages import audit, breakers, bulk, messages, overview
+
+__all__ = ["register"]
+
+
+def register(app: Flask) -> None:
+    for module in (overview, messages, bulk, breakers, audit):
+        app.register_blueprint(module.blueprint)

@@ -1,0 +1,246 @@
+"""The admin page of the outbox: messages by status, their attempt logs, and the ops actions.
+
+Recipients are masked and payloads shown by size only, as in ``delivery show``. The admin
+never writes a row itself: there is no add, no delete and no Save (``has_change_permission``
+is false, so the change page is Django's read-only view and a posted change form is refused
+with 403; ``save_model`` and ``delete_model`` raise as well). Messages change only through
+the actions, which are the CLI's conditional transitions (``delivery.ops``), each an UPDATE
+that names the status it expects, so a worker's ``sending -> sent`` or another operator's
+cancel committed meanwhile is reported, never overwritten:
+
+- *Redrive* is ``delivery.ops.redrive``: ``dead`` or ``unknown`` back to ``pending`` with the
+  same key (``unknown`` ones ask the provider first); nudged after commit.
+- *Cancel* is ``delivery.ops.cancel``: ``pending -> cancelled``.
+- *Resolve as sent* / *Resolve as dead* are ``delivery.ops.resolve``: settle an ``unknown``
+  message after checking with the provider.
+
+Running an action needs the model's ``change`` permission (``delivery_outbox.change_message``).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.db.models import QuerySet
+from django.http import HttpRequest
+from sqlalchemy.orm import Session
+
+from delivery import ops
+from delivery.contrib.django.connection import borrowed_session
+from delivery.contrib.django.models import Attempt, Message
+from delivery.contrib.nudge import nudge_after_commit
+from delivery.observability.events import mask
+from delivery.pipeline.status import Status
+from delivery.pipeline.validation import canonical_json
+
+__all__ = ["AttemptInline", "MessageAdmin", "cancel", "redrive", "resolve_dead", "resolve_sent"]
+
+if TYPE_CHECKING:  # django-stubs' generics; Django's classes are not subscriptable at run time
+    _ModelAdmin = admin.ModelAdmin[Message]
+    _AttemptInline = admin.TabularInline[Attempt, Message]
+else:
+    _ModelAdmin = admin.ModelAdmin
+    _AttemptInline = admin.TabularInline
+
+READ_ONLY = "the outbox admin is read-only: use its actions (redrive, cancel, resolve)"
+# (ref, applied, reason) of one message, whatever the operation.
+_Done = tuple[str, bool, str | None]
+
+
+def _actor(request: HttpRequest) -> str:
+    """The audit actor of an admin action: ``admin:<username>``."""
+    return f"admin:{request.user.get_username()}"
+
+
+def _apply(
+    modeladmin: _ModelAdmin,
+    request: HttpRequest,
+    queryset: QuerySet[Message],
+    verb: tuple[str, str],
+    run: Callable[[Session, list[str], str], Sequence[_Done]],
+) -> None:
+    """Run one ``delivery.ops`` operation on the selected keys in one Django transaction
+    and report each message: done, or why not. ``verb``: ("Redrove", "redriven")."""
+    using = queryset.db
+    keys = list(queryset.values_list("key", flat=True))
+    with transaction.atomic(using=using), borrowed_session(using) as session:
+        results = list(run(session, keys, _actor(request)))
+    done = sum(1 for _, applied, _ in results if applied)
+    if done:
+        modeladmin.message_user(request, f"{verb[0]} {done} message(s).", messages.SUCCESS)
+    for ref, applied, reason in results:
+        if not applied:
+            modeladmin.message_user(request, f"Not {verb[1]} {ref}: {reason}", messages.WARNING)
+
+
+@admin.action(
+    description="Redrive selected dead/unknown messages (same key)", permissions=["operate"]
+)
+def redrive(modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+    """``delivery.ops.redrive`` on the selection, in one transaction; nudged after commit."""
+
+    def run(session: Session, keys: list[str], actor: str) -> list[_Done]:
+        results = ops.redrive(session, keys, actor=actor)
+        redriven = [r.id for r in results if r.redriven]
+        if redriven:
+            transaction.on_commit(
+                functools.partial(nudge_after_commit, redriven),
+                using=queryset.db,
+                robust=True,
+            )
+        return [(r.key, r.redriven, r.reason) for r in results]
+
+    _apply(modeladmin, request, queryset, ("Redrove", "redriven"), run)
+
+
+@admin.action(description="Cancel selected pending messages", permissions=["operate"])
+def cancel(modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+    """``delivery.ops.cancel`` on the selection: ``pending -> cancelled``, in one transaction."""
+
+    def run(session: Session, keys: list[str], actor: str) -> list[_Done]:
+        results = [ops.cancel(session, key, actor=actor) for key in keys]
+        return [(r.key, r.cancelled, r.reason) for r in results]
+
+    _apply(modeladmin, request, queryset, ("Cancelled", "cancelled"), run)
+
+
+def _resolver(target: Status) -> Callable[[Session, list[str], str], list[_Done]]:
+    def run(session: Session, keys: list[str], actor: str) -> list[_Done]:
+        results = [ops.resolve(session, key, target, actor=actor) for key in keys]
+        return [(r.key, r.resolved, r.reason) for r in results]
+
+    return run
+
+
+@admin.action(
+    description="Resolve selected unknown messages as sent (checked with the provider)",
+    permissions=["operate"],
+)
+def resolve_sent(
+    modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]
+) -> None:
+    """``delivery.ops.resolve(..., "sent")``: ``unknown -> sent``, conditional."""
+    _apply(modeladmin, request, queryset, ("Resolved", "resolved"), _resolver(Status.SENT))
+
+
+@admin.action(
+    description="Resolve selected unknown messages as dead (checked with the provider)",
+    permissions=["operate"],
+)
+def resolve_dead(
+    modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]
+) -> None:
+    """``delivery.ops.resolve(..., "dead")``: ``unknown -> dead``, conditional."""
+    _apply(modeladmin, request, queryset, ("Resolved", "resolved"), _resolver(Status.DEAD))
+
+
+class AttemptInline(_AttemptInline):
+    """The attempt log, oldest first, read-only."""
+
+    model = Attempt
+    extra = 0
+    can_delete = False
+    fields = (
+        "number",
+        "kind",
+        "started_at",
+        "outcome",
+        "http_status",
+        "error_code",
+        "error",
+        "latency_ms",
+    )
+    readonly_fields = fields
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Message)
+class MessageAdmin(_ModelAdmin):
+    """Messages, newest first, filtered by status; read-only apart from the actions."""
+
+    list_display = (
+        "id",
+        "key",
+        "channel",
+        "masked_recipient",
+        "status",
+        "tries",
+        "last_error_code",
+        "updated_at",
+    )
+    list_filter = ("status", "channel", "provider")
+    search_fields = ("=key", "=provider_ref")
+    actions = (redrive, cancel, resolve_sent, resolve_dead)
+    inlines = (AttemptInline,)
+    fields = (
+        "id",
+        "key",
+        "channel",
+        "provider",
+        "masked_recipient",
+        "payload_size",
+        "status",
+        "attempts",
+        "max_attempts",
+        "on_unknown",
+        "needs_lookup",
+        "next_attempt_at",
+        "lease_expires_at",
+        "last_error_code",
+        "last_error",
+        "provider_ref",
+        "created_at",
+        "updated_at",
+        "sent_at",
+    )
+    readonly_fields = fields
+
+    @admin.display(description="recipient")
+    def masked_recipient(self, message: Message) -> str:
+        return mask(message.recipient)
+
+    @admin.display(description="payload")
+    def payload_size(self, message: Message) -> str:
+        return f"<hidden: {len(canonical_json(message.payload).encode())} bytes>"
+
+    @admin.display(description="tries")
+    def tries(self, message: Message) -> str:
+        return f"{message.attempts}/{message.max_attempts}"
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        """Never: no Save, no change form; a posted one is refused with 403."""
+        return False
+
+    def has_operate_permission(self, request: HttpRequest) -> bool:
+        """The actions (the CLI's conditional transitions) need the model's change permission."""
+        opts = self.opts
+        has_perm = getattr(request.user, "has_perm", None)
+        return bool(has_perm and has_perm(f"{opts.app_label}.change_{opts.model_name}"))
+
+    def save_model(self, request: HttpRequest, obj: Any, form: Any, change: bool) -> None:
+        raise PermissionDenied(READ_ONLY)
+
+    def delete_model(self, request: HttpRequest, obj: Any) -> None:
+        raise PermissionDenied(READ_ONLY)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        raise PermissionDenied(READ_ONLY)

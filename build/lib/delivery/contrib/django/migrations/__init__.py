@@ -1,0 +1,1 @@
+"""Django migrations of the unmanaged outbox models (state only, no DDL)."""

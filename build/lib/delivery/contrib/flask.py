@@ -1,0 +1,66 @@
+"""Flask integration: ``Delivery(app)`` or ``Delivery().init_app(app)``.
+
+Reads the ``DELIVERY_*`` keys from ``app.config``, falling back to the environment (see
+``delivery.contrib.settings``); without ``DELIVERY_DATABASE_URL`` anywhere the outbox is the
+app's own ``SQLALCHEMY_DATABASE_URI``. The settings are made this process's with
+``delivery.configure``, and unless ``DELIVERY_NUDGE`` is false the Celery app ``delivery.worker`` is
+imported, which installs the post-commit nudge. Flask-SQLAlchemy's session passes straight
+to ``delivery.enqueue``::
+
+    db = SQLAlchemy(app)
+    Delivery(app)
+
+    @app.post("/signup")
+    def signup():
+        user = User(email=request.json["email"])
+        db.session.add(user)
+        db.session.flush()
+        delivery.enqueue(db.session, channel="email", to=user.email,
+                         payload={"template": "welcome"},
+                         key=delivery.key("signup", user.id, "welcome"))
+        db.session.commit()   # both rows or neither; the nudge publishes the message now
+
+Settings are process-wide: one configuration per process, set before the Celery app is first
+used.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+try:
+    from flask import Flask
+except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
+    raise ImportError(
+        "delivery.contrib.flask needs Flask and Flask-SQLAlchemy: "
+        "pip install 'delivery-outbox[flask]'"
+    ) from exc
+
+from delivery.config.settings import Settings
+from delivery.contrib.nudge import install_nudge
+from delivery.contrib.settings import settings_from_config
+from delivery.runtime.current import configure
+
+__all__ = ["Delivery"]
+
+
+class Delivery:
+    """The Flask extension; ``app.extensions["delivery"]`` is this object after ``init_app``."""
+
+    def __init__(self, app: Flask | None = None) -> None:
+        self.settings: Settings | None = None
+        if app is not None:
+            self.init_app(app)
+
+    def init_app(self, app: Flask) -> None:
+        """Configure ``delivery`` from ``app.config`` and install the post-commit nudge."""
+        database_uri: Any = app.config.get("SQLALCHEMY_DATABASE_URI")
+        settings = settings_from_config(
+            app.config,
+            default_database_url=database_uri if isinstance(database_uri, str) else None,
+        )
+        configure(settings)
+        self.settings = settings
+        app.extensions["delivery"] = self
+        if app.config.get("DELIVERY_NUDGE", True):
+            install_nudge()

@@ -1,0 +1,12 @@
+"""Guards around a send: what may stop or delay a call to a provider before it happens.
+
+- ``breaker``: a circuit breaker per provider, shared by every worker through Redis; its
+  states, permits, hooks and ``Breakers`` (one per configured provider).
+- ``breaker_machine``: the breaker's state machine, as the Lua script Redis runs and as its
+  in-process twin for when Redis is away.
+- ``ratelimit``: a token bucket per provider, shared the same way.
+- ``redis_client``: the fail-fast Redis client they use: a send never waits on Redis.
+
+A guard answers; it never touches the outbox: the sender decides what the answer does to the
+row. May import: ``delivery.config.settings`` and ``delivery.observability.events`` (hooks).
+"""

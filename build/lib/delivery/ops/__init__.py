@@ -1,0 +1,105 @@
+"""Operations: what ops ask of the outbox and how they repair it, free of any CLI or web
+framework (the ``delivery`` CLI, the Django admin and the metrics exporter all call these).
+
+- ``inspect``: read only: counts, ages and rates; one message and its attempt log; JSON views
+  with the recipient masked.
+- ``repair``: ``redrive``, ``resolve``, ``cancel``: each one conditional UPDATE on the
+  expected status that emits a ``Transition``.
+- ``prune``: delete final messages and their attempts in batches, never an open one.
+- ``audit``: one row per operator action (repairs, reveals, breaker resets) with its actor;
+  ``record``, ``entries``, ``reveal``, ``prune_audit_batch``.
+- ``search``: the console's message search (keyset pages on indexed columns).
+- ``series``: per-minute counts, error rates and latency percentiles for charts.
+- ``timeline``: a message's attempts and the actions on it, in time order.
+
+Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides. The names
+below are the ops API (``delivery.ops.redrive``, ``delivery.ops.stats``, ...).
+
+- ``breakers``: each provider's breaker as a row, and an audited reset.
+
+May import: ``delivery.errors``, ``delivery.pipeline`` (models, status, validation),
+``delivery.guards.breaker`` and ``delivery.observability.events``; never the CLI, Celery or a
+provider.
+"""
+
+from __future__ import annotations
+
+from delivery.ops.audit import (
+    DEFAULT_ACTOR,
+    AuditRow,
+    cli_actor,
+    entries,
+    prune_audit_batch,
+    record,
+    reveal,
+)
+from delivery.ops.inspect import (
+    attempt_dict,
+    dead,
+    dead_ids,
+    find,
+    message_dict,
+    oldest_pending_age,
+    rates,
+    relay_lag,
+    show,
+    stats,
+    stats_by_provider,
+)
+from delivery.ops.prune import PruneBatch, prunable, prune_batch
+from delivery.ops.repair import (
+    REDRIVABLE,
+    RESOLVABLE,
+    CancelResult,
+    RedriveResult,
+    ResolveResult,
+    cancel,
+    redrive,
+    redrive_ids,
+    resolve,
+)
+from delivery.ops.search import MessageFilter, Page, matching_ids, parse_filter, search
+from delivery.ops.series import Series, series
+from delivery.ops.timeline import Event, timeline
+
+__all__ = [
+    "DEFAULT_ACTOR",
+    "REDRIVABLE",
+    "RESOLVABLE",
+    "AuditRow",
+    "CancelResult",
+    "Event",
+    "MessageFilter",
+    "Page",
+    "PruneBatch",
+    "RedriveResult",
+    "ResolveResult",
+    "Series",
+    "attempt_dict",
+    "cancel",
+    "cli_actor",
+    "dead",
+    "dead_ids",
+    "entries",
+    "find",
+    "matching_ids",
+    "message_dict",
+    "oldest_pending_age",
+    "parse_filter",
+    "prunable",
+    "prune_audit_batch",
+    "prune_batch",
+    "rates",
+    "record",
+    "redrive",
+    "redrive_ids",
+    "relay_lag",
+    "resolve",
+    "reveal",
+    "search",
+    "series",
+    "show",
+    "stats",
+    "stats_by_provider",
+    "timeline",
+]

@@ -1,0 +1,254 @@
+"""Read the outbox: counts, ages and rates for dashboards, one message and its attempt log.
+
+Every function takes a SQLAlchemy ``Session``, changes nothing and never commits. A ``ref`` is
+a message's idempotency key or, when it is all digits and no key matches, its numeric id.
+
+- Counts and ages: ``stats``, ``stats_by_provider``, ``oldest_pending_age``, ``relay_lag``,
+  ``rates`` (what ``delivery stats``, ``delivery watch`` and ``delivery metrics`` show).
+- Messages: ``find``, ``show``, ``dead``, ``dead_ids``.
+- JSON-ready views: ``message_dict`` (recipient masked and payload hidden unless revealed),
+  ``attempt_dict``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, or_, select
+from sqlalchemy.orm import Session
+
+from delivery.errors import MessageNotFound
+from delivery.observability.events import mask
+from delivery.pipeline import bounds
+from delivery.pipeline.models import Attempt, Message, utcnow
+from delivery.pipeline.status import Status
+from delivery.pipeline.validation import canonical_json
+
+__all__ = [
+    "attempt_dict",
+    "dead",
+    "dead_ids",
+    "find",
+    "message_dict",
+    "oldest_pending_age",
+    "rates",
+    "relay_lag",
+    "show",
+    "stats",
+    "stats_by_provider",
+]
+
+_OPEN = (Status.PENDING.value, Status.DISPATCHED.value, Status.SENDING.value)
+
+_MAX_ID = 2**63 - 1
+
+
+def stats(session: Session) -> dict[str, int]:
+    """The number of messages in every status, in ``Status`` order, zeros included."""
+    rows = session.execute(select(Message.status, func.count()).group_by(Message.status)).all()
+    counts = {str(status): int(count) for status, count in rows}
+    return {status.value: counts.get(status.value, 0) for status in Status}
+
+
+def stats_by_provider(session: Session) -> dict[str, dict[str, int]]:
+    """Provider name -> the number of its messages in every status (``Status`` order, zeros
+    included), providers sorted by name. Only providers with messages appear."""
+    rows = session.execute(
+        select(Message.provider, Message.status, func.count()).group_by(
+            Message.provider, Message.status
+        )
+    ).all()
+    found: dict[str, dict[str, int]] = {}
+    for provider, status, count in rows:
+        found.setdefault(str(provider), {})[str(status)] = int(count)
+    return {
+        provider: {status.value: counts.get(status.value, 0) for status in Status}
+        for provider, counts in sorted(found.items())
+    }
+
+
+def oldest_pending_age(session: Session, *, now: dt.datetime | None = None) -> float | None:
+    """Seconds since the oldest still-open message was enqueued (``created_at``), or ``None``.
+
+    Open means ``pending``, ``dispatched`` or ``sending``; a message scheduled for later
+    (``send_at``) that has not had its first attempt and is not due yet does not count.
+    """
+    now = now or utcnow()
+    waiting = or_(Message.attempts > 0, Message.next_attempt_at <= now)
+    oldest = session.scalar(
+        select(func.min(Message.created_at)).where(Message.status.in_(_OPEN), waiting)
+    )
+    return None if oldest is None else max(0.0, (now - _aware(oldest)).total_seconds())
+
+
+def relay_lag(session: Session, *, now: dt.datetime | None = None) -> float:
+    """Seconds the most overdue ``pending`` row has been due without being claimed (0 if
+    none): how far the relay is behind."""
+    now = now or utcnow()
+    due = session.scalar(
+        select(func.min(Message.next_attempt_at)).where(
+            Message.status == Status.PENDING.value, Message.next_attempt_at <= now
+        )
+    )
+    return 0.0 if due is None else max(0.0, (now - _aware(due)).total_seconds())
+
+
+def rates(
+    session: Session, *, window: float = 60.0, now: dt.datetime | None = None
+) -> dict[str, float]:
+    """Messages per minute over the last ``window`` seconds: ``enqueued`` (created), ``sent``
+    (accepted by the provider), ``dead`` (died), and ``attempts`` (provider calls)."""
+    now = now or utcnow()
+    since = now - dt.timedelta(seconds=window)
+    counts = {
+        "enqueued": session.scalar(
+            select(func.count()).select_from(Message).where(Message.created_at >= since)
+        ),
+        "sent": session.scalar(
+            select(func.count()).select_from(Message).where(Message.sent_at >= since)
+        ),
+        "dead": session.scalar(
+            select(func.count())
+            .select_from(Message)
+            .where(Message.status == Status.DEAD.value, Message.updated_at >= since)
+        ),
+        "attempts": session.scalar(
+            select(func.count()).select_from(Attempt).where(Attempt.started_at >= since)
+        ),
+    }
+    return {name: round(int(n or 0) * 60.0 / window, 2) for name, n in counts.items()}
+
+
+def _aware(value: dt.datetime) -> dt.datetime:
+    """Aggregates bypass the column type: SQLite returns naive (UTC) datetimes, or text."""
+    if isinstance(value, str):
+        value = dt.datetime.fromisoformat(value)
+    return value if value.tzinfo else value.replace(tzinfo=dt.UTC)
+
+
+def find(session: Session, ref: str) -> Message:
+    """The message whose key is ``ref``, else whose id is ``ref`` (all digits).
+
+    Raises ``MessageNotFound`` when neither matches.
+    """
+    message = session.scalars(select(Message).where(Message.key == ref)).one_or_none()
+    if message is None and ref.isascii() and ref.isdigit() and int(ref) <= _MAX_ID:
+        message = session.get(Message, int(ref))
+    if message is None:
+        raise MessageNotFound(ref)
+    return message
+
+
+def dead(
+    session: Session,
+    *,
+    since: dt.datetime | None = None,
+    code: str | None = None,
+    limit: int = 100,
+) -> list[Message]:
+    """Dead messages, most recently updated first.
+
+    ``since`` keeps those updated at or after it; ``code`` those whose ``last_error_code`` is
+    exactly it; at most ``limit`` are returned.
+    """
+    query = select(Message).where(Message.status == Status.DEAD.value)
+    if since is not None:
+        query = query.where(Message.updated_at >= since)
+    if code is not None:
+        query = query.where(Message.last_error_code == code)
+    query = query.order_by(Message.updated_at.desc(), Message.id.desc()).limit(limit)
+    return list(session.scalars(query))
+
+
+def show(session: Session, ref: str) -> tuple[Message, list[Attempt]]:
+    """A message and its whole attempt log, oldest attempt first."""
+    message = find(session, ref)
+    attempts = session.scalars(
+        select(Attempt).where(Attempt.message_id == message.id).order_by(Attempt.id)
+    )
+    return message, list(attempts)
+
+
+def dead_ids(
+    session: Session, *, since: dt.datetime | None = None, code: str | None = None
+) -> list[int]:
+    """The ids of every dead message (oldest id first), filtered like ``dead``."""
+    query = select(Message.id).where(Message.status == Status.DEAD.value)
+    if since is not None:
+        query = query.where(Message.updated_at >= since)
+    if code is not None:
+        query = query.where(Message.last_error_code == code)
+    return list(session.scalars(query.order_by(Message.id)))
+
+
+def _iso(value: dt.datetime | None) -> str | None:
+    return None if value is None else value.isoformat()
+
+
+def _masked(value: str | None, recipient: str | None) -> str | None:
+    """Stored provider text is masked when it is stored; rows older than that are masked
+    here again (the message's recipient, numbers, emails)."""
+    return None if value is None else bounds.text(value, len(value) + 1, recipient)
+
+
+def attempt_dict(attempt: Attempt, *, recipient: str | None = None) -> dict[str, Any]:
+    """A JSON-ready dict of one attempt; its error text masked for ``recipient`` (and for
+    phone numbers and emails) unless ``recipient`` is ``None``."""
+    return {
+        "id": attempt.id,
+        "number": attempt.number,
+        "kind": attempt.kind,
+        "started_at": _iso(attempt.started_at),
+        "outcome": attempt.outcome,
+        "http_status": attempt.http_status,
+        "error_code": attempt.error_code,
+        "error": attempt.error if recipient is None else _masked(attempt.error, recipient),
+        "latency_ms": attempt.latency_ms,
+    }
+
+
+def message_dict(
+    message: Message,
+    attempts: Sequence[Attempt] | None = None,
+    *,
+    reveal: bool = False,
+) -> dict[str, Any]:
+    """A JSON-ready dict of a message (ISO-8601 datetimes).
+
+    Unless ``reveal``, the recipient is masked and the payload replaced by its size
+    (``"<hidden: N bytes>"``). The payload hash is never shown: it is an unkeyed sha256 of
+    the recipient and payload, so a short secret in it (an OTP) could be found by guessing.
+    ``attempts``, when given, are included as ``"attempts"``.
+    """
+    recipient = message.recipient
+    if reveal:
+        payload: Any = message.payload
+    else:
+        payload = f"<hidden: {len(canonical_json(message.payload).encode())} bytes>"
+    data: dict[str, Any] = {
+        "id": message.id,
+        "key": message.key,
+        "channel": message.channel,
+        "provider": message.provider,
+        "recipient": message.recipient if reveal else mask(message.recipient),
+        "status": message.status,
+        "attempt_count": message.attempts,
+        "max_attempts": message.max_attempts,
+        "on_unknown": message.on_unknown,
+        "needs_lookup": message.needs_lookup,
+        "next_attempt_at": _iso(message.next_attempt_at),
+        "lease_expires_at": _iso(message.lease_expires_at),
+        "last_error_code": message.last_error_code,
+        "last_error": message.last_error if reveal else _masked(message.last_error, recipient),
+        "provider_ref": message.provider_ref,
+        "payload": payload,
+        "created_at": _iso(message.created_at),
+        "updated_at": _iso(message.updated_at),
+        "sent_at": _iso(message.sent_at),
+    }
+    if attempts is not None:
+        mask_for = None if reveal else recipient
+        data["attempts"] = [attempt_dict(attempt, recipient=mask_for) for attempt in attempts]
+    return data

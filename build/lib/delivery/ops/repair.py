@@ -1,0 +1,266 @@
+"""Repair messages: redrive, resolve, cancel.
+
+Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides (the
+``delivery`` CLI commits after a successful ``redrive``). Each repair is one conditional
+UPDATE on the expected status (``_conditional``): a concurrent change is reported, never
+overwritten, and every change emits a ``Transition`` and writes an audit row (``actor``: who
+asked; see ``delivery.ops.audit``) in the same transaction.
+
+- ``redrive``: ``dead`` or ``unknown`` back to ``pending`` with the same key, so a provider
+  that deduplicates on it cannot deliver it twice, and a fresh budget of attempts (the
+  attempt count itself, the fence, never goes back). An ``unknown`` message may already have
+  been delivered, so it is redriven with ``needs_lookup`` set: the worker asks first when
+  its provider has a lookup.
+- ``resolve``: an ``unknown`` message is declared ``sent`` or ``dead`` after a human checked.
+- ``cancel``: ``pending`` -> ``cancelled``; once dispatched it is too late.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, case, select, update
+from sqlalchemy.orm import Session
+
+from delivery.observability.events import Transition, emit
+from delivery.ops.audit import DEFAULT_ACTOR, record
+from delivery.ops.inspect import find
+from delivery.pipeline.clock import db_now
+from delivery.pipeline.models import Message, utcnow
+from delivery.pipeline.status import Status
+
+__all__ = [
+    "REDRIVABLE",
+    "RESOLVABLE",
+    "CancelResult",
+    "RedriveResult",
+    "ResolveResult",
+    "cancel",
+    "redrive",
+    "redrive_ids",
+    "resolve",
+]
+
+REDRIVABLE = (Status.DEAD, Status.UNKNOWN)
+"""The statuses ``redrive`` accepts."""
+
+RESOLVABLE = (Status.SENT, Status.DEAD)
+"""The statuses ``resolve`` may declare an ``unknown`` message to be in."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Repaired:
+    """Which message a ref named (``id``, ``key``) and the status it was found in."""
+
+    ref: str
+    id: int
+    key: str
+    from_status: str
+
+
+@dataclass(frozen=True, slots=True)
+class RedriveResult(_Repaired):
+    """What ``redrive`` did with one ref. ``reason`` says why when ``redriven`` is false."""
+
+    redriven: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ResolveResult(_Repaired):
+    """What ``resolve`` did. ``resolved`` is false (with a ``reason``) unless it was unknown."""
+
+    to_status: str
+    resolved: bool
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CancelResult(_Repaired):
+    """What ``cancel`` did. ``too_late`` when a worker already has (or had) the message."""
+
+    cancelled: bool
+    too_late: bool = False
+    reason: str | None = None
+
+
+def redrive(
+    session: Session, refs: Sequence[str], *, actor: str = DEFAULT_ACTOR
+) -> list[RedriveResult]:
+    """Put ``dead`` and ``unknown`` messages back to ``pending`` with the same key.
+
+    The message is due now with a fresh budget of attempts (as many as it was enqueued with); its
+    attempt count goes on from where it was (the fence of every conditional update never goes back,
+    and the attempt log numbers attempts across redrives); ``last_error_code``/``last_error`` are
+    kept for the record. A message that was ``unknown`` gets ``needs_lookup`` so that a provider
+    with a lookup is asked before it is sent again (one without is sent again with the same key).
+    Messages in any other status are left alone and reported with ``redriven=False`` and a reason.
+    Every ref is resolved before anything changes: a missing one raises ``MessageNotFound``. Each
+    update is conditional on the status, so a concurrent change is reported, never overwritten. The
+    caller commits; a ``Transition`` with ``outcome="redrive"`` is emitted for each redriven
+    message.
+    """
+    return _redrive(session, [(ref, find(session, ref)) for ref in refs], actor)
+
+
+def redrive_ids(
+    session: Session, ids: Sequence[int], *, actor: str = DEFAULT_ACTOR
+) -> list[RedriveResult]:
+    """``redrive`` by message id (bulk redrive); ids that no longer exist are skipped."""
+    messages = session.scalars(select(Message).where(Message.id.in_(ids)).order_by(Message.id))
+    return _redrive(session, [(str(message.id), message) for message in messages], actor)
+
+
+def _redrive(
+    session: Session, messages: Sequence[tuple[str, Message]], actor: str
+) -> list[RedriveResult]:
+    allowed = [status.value for status in REDRIVABLE]
+    results: list[RedriveResult] = []
+    for ref, message in messages:
+        previous = message.status
+        if previous not in allowed:
+            reason = f"message is {previous}; only {' or '.join(allowed)} messages can be redriven"
+            results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
+            continue
+        now = db_now(session.connection())
+        values: dict[str, Any] = {
+            "status": Status.PENDING.value,
+            # The attempt count is every conditional update's fence: it never goes back, so
+            # a late worker from an earlier life cannot match this one. The new life gets
+            # the message's own budget again, counted from here.
+            "max_attempts": Message.attempts + Message.max_attempts - Message.budget_start,
+            "budget_start": Message.attempts,
+            "next_attempt_at": now,
+            "lease_expires_at": None,
+            "needs_lookup": case((Message.status == Status.UNKNOWN.value, True), else_=False),
+            "updated_at": now,
+        }
+        done = _conditional(session, message, REDRIVABLE, values)
+        if not done:
+            reason = f"message changed to {message.status} while redriving; nothing done"
+            results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
+            continue
+        _emit(message, previous, Status.PENDING, "redrive")
+        detail = "provider asked first (lookup)" if message.needs_lookup else "same key"
+        record(
+            session,
+            actor=actor,
+            action="redrive",
+            message=message,
+            from_status=previous,
+            to_status=Status.PENDING.value,
+            detail=detail,
+        )
+        results.append(RedriveResult(ref, message.id, message.key, previous, True))
+    return results
+
+
+def resolve(
+    session: Session, ref: str, to_status: Status | str, *, actor: str = DEFAULT_ACTOR
+) -> ResolveResult:
+    """Declare an ``unknown`` message ``sent`` or ``dead`` after checking with the provider.
+
+    ``sent`` sets ``sent_at`` to now; ``dead`` keeps the last error for the record. Any other
+    status of the message is left alone and reported with ``resolved=False``. The caller
+    commits; a ``Transition`` with ``outcome="resolve"`` is emitted.
+    """
+    target = Status(to_status)
+    if target not in RESOLVABLE:
+        raise ValueError(f"to_status: {target.value!r} is not one of sent, dead")
+    message = find(session, ref)
+    previous = message.status
+    if previous != Status.UNKNOWN.value:
+        reason = f"message is {previous}; only unknown messages can be resolved"
+        return ResolveResult(ref, message.id, message.key, previous, target.value, False, reason)
+    now = utcnow()
+    values: dict[str, Any] = {"status": target.value, "lease_expires_at": None, "updated_at": now}
+    if target is Status.SENT:
+        values.update(sent_at=now, needs_lookup=False)
+    done = _conditional(session, message, Status.UNKNOWN, values)
+    if not done:
+        reason = f"message changed to {message.status} while resolving; nothing done"
+        return ResolveResult(ref, message.id, message.key, previous, target.value, False, reason)
+    _emit(message, previous, target, "resolve")
+    record(
+        session,
+        actor=actor,
+        action="resolve",
+        message=message,
+        from_status=previous,
+        to_status=target.value,
+    )
+    return ResolveResult(ref, message.id, message.key, previous, target.value, True)
+
+
+def cancel(session: Session, ref: str, *, actor: str = DEFAULT_ACTOR) -> CancelResult:
+    """Cancel a ``pending`` message: it will never be sent.
+
+    A message a worker may already be sending (``dispatched``, ``sending``) is reported
+    ``too_late``; a final one is reported as such. The update is conditional on
+    ``pending``, so a relay that claims it at the same moment wins and ``too_late`` is
+    reported. The caller commits; a ``Transition`` with ``outcome="cancel"`` is emitted.
+    """
+    message = find(session, ref)
+    previous = message.status
+    if previous != Status.PENDING.value:
+        too_late = previous in (Status.DISPATCHED.value, Status.SENDING.value)
+        reason = (
+            f"too late: message is {previous} (a worker may be sending it)"
+            if too_late
+            else f"message is already {previous}"
+        )
+        return CancelResult(ref, message.id, message.key, previous, False, too_late, reason)
+    values = {"status": Status.CANCELLED.value, "lease_expires_at": None, "updated_at": utcnow()}
+    if not _conditional(session, message, Status.PENDING, values):
+        reason = f"too late: message changed to {message.status} while cancelling"
+        return CancelResult(ref, message.id, message.key, previous, False, True, reason)
+    _emit(message, previous, Status.CANCELLED, "cancel")
+    record(
+        session,
+        actor=actor,
+        action="cancel",
+        message=message,
+        from_status=previous,
+        to_status=Status.CANCELLED.value,
+    )
+    return CancelResult(ref, message.id, message.key, previous, True)
+
+
+def _conditional(
+    session: Session,
+    message: Message,
+    expected: Status | Sequence[Status],
+    values: dict[str, Any],
+) -> bool:
+    """The one UPDATE of a repair: change the message only while its status is still
+    ``expected`` (one status, or any of several); refresh it either way."""
+    if isinstance(expected, Status):
+        still = Message.status == expected.value
+    else:
+        still = Message.status.in_([status.value for status in expected])
+    statement = (
+        update(Message)
+        .where(Message.id == message.id, still)
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    done = cast(CursorResult[Any], session.execute(statement)).rowcount
+    session.refresh(message)
+    return bool(done)
+
+
+def _emit(message: Message, previous: str, to: Status, outcome: str) -> None:
+    """The transition of a repair (the message is refreshed: its attempts are the new ones)."""
+    emit(
+        Transition(
+            message.id,
+            message.key,
+            message.provider,
+            previous,
+            to.value,
+            message.attempts,
+            outcome=outcome,
+        )
+    )

@@ -1,0 +1,270 @@
+"""What one attempt's outcome does to its message, in one transaction with the attempt's row.
+
+``after_send`` matches on the closed set of outcomes (``delivery.pipeline.outcomes``):
+
+- ``Delivered``: ``sent``, with the provider's reference.
+- ``Permanent``: ``dead``, with its code and reason.
+- ``Retryable``: waits (backoff, or the provider's Retry-After) and is sent again with the
+  same key; ``dead`` once its attempts are spent. ``IDEMPOTENCY_IN_PROGRESS`` (our own earlier
+  attempt is still running at the provider) waits out the provider's budget and spends no
+  attempt: it never ends ``dead``.
+- ``Unknown``: the message's policy: ``give_up`` -> ``unknown``; ``retry`` waits and sends
+  again; ``lookup`` waits and asks the provider first; ``unknown`` once its attempts are spent.
+
+The circuit breaker's answer to the call (``Recorded``) weighs on both retries (G5: an outage
+spends no attempts). A failed call after which the breaker is open waits at least until its
+next probe time (plus up to ``CIRCUIT_JITTER`` s, as a parked message does): sooner it would
+only be parked. A failed half-open *probe* is the breaker's test of the provider, made for
+every message of that provider: its attempt is recorded but given back (``max_attempts`` + 1,
+as for ``IDEMPOTENCY_IN_PROGRESS``), so that however long an outage lasts and whichever message
+carries its probes, none is brought to its last attempt by them.
+
+``after_lookup`` does the same for a lookup: ``Found`` -> ``sent``; ``Absent`` -> renew the
+lease, fenced on this attempt, and go on and send (nothing is sent if the row is no longer
+this attempt's: a lookup that outlived the lease); ``LookupFailed`` -> wait and look again
+(``unknown`` once the attempts are spent); ``Undeliverable`` (the provider has it and
+reports that it can never reach the recipient) -> ``dead`` with the provider's code.
+Every move goes through ``delivery.pipeline.transitions`` and emits a ``Transition``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+from sqlalchemy import Connection
+
+from delivery.guards.breaker import Recorded
+from delivery.observability import events
+from delivery.pipeline import outcomes
+from delivery.pipeline.backoff import compute_backoff
+from delivery.pipeline.clock import db_now, sql_now
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.status import Status
+from delivery.pipeline.transitions import (
+    Action,
+    Failure,
+    Result,
+    Sending,
+    attempt_row,
+    finish,
+    finish_logged,
+    in_progress,
+    log_attempt,
+    move,
+    park,
+)
+from delivery.runtime.service import Service
+
+__all__ = ["CIRCUIT_JITTER", "after_lookup", "after_send", "emit", "probe_wait"]
+
+CIRCUIT_JITTER = 1.0
+"""Up to this many seconds are added to a wait for the breaker's next probe time."""
+
+_CHANGED = Result(Action.SKIP, reason="row changed while sending")
+_NO_BREAKER = Recorded()
+
+
+def after_lookup(
+    service: Service, msg: Sending, found: outcomes.LookupOutcome, started: float
+) -> Result | None:
+    """Apply a lookup's answer; ``None`` means the key is absent: go on and send."""
+    with service.engine.begin() as conn:
+        log_attempt(conn, msg, "lookup", found, started)
+        match found:
+            case outcomes.Found(provider_ref=ref):
+                return _sent(conn, msg, ref, "found")
+            case outcomes.Absent():
+                # Ours still? The lookup may have outlived the lease: the row may have been
+                # recovered and taken by another worker. Renew the lease (fenced on this
+                # attempt) before sending, or send nothing.
+                lease = db_now(conn) + dt.timedelta(seconds=service.settings.send_lease)
+                if move(
+                    conn,
+                    msg.id,
+                    msg.attempt,
+                    Status.SENDING,
+                    Status.SENDING,
+                    lease_expires_at=lease,
+                    needs_lookup=False,
+                ):
+                    return None
+                return _CHANGED
+            case outcomes.LookupFailed(code=code, reason=reason):
+                failure = Failure(code, reason, "lookup_failed", Status.UNKNOWN)
+                return _retry_or_stop(service, conn, msg, failure)
+            case outcomes.Undeliverable(code=code, reason=reason):
+                return _stop(conn, msg, Failure(code, reason, "undeliverable", Status.DEAD))
+    raise AssertionError(found)
+
+
+def after_send(
+    service: Service,
+    msg: Sending,
+    outcome: outcomes.Outcome,
+    started: float,
+    breaker: Recorded = _NO_BREAKER,
+) -> Result:
+    """Apply a send's outcome (the table in the module docstring); ``breaker``: what the
+    provider's breaker answered when the outcome was recorded."""
+    if isinstance(outcome, outcomes.Delivered) and service.engine.dialect.name == "postgresql":
+        # The common case in one statement and one round trip (``finish_logged``).
+        attempt = attempt_row(msg, "send", outcome, (time.perf_counter() - started) * 1000.0)
+        with service.autocommit.connect() as conn:
+            return _sent(conn, msg, outcome.provider_ref, "delivered", attempt)
+    with service.engine.begin() as conn:
+        log_attempt(conn, msg, "send", outcome, started)
+        match outcome:
+            case outcomes.Delivered(provider_ref=ref):
+                return _sent(conn, msg, ref, "delivered")
+            case outcomes.Permanent(code=code, reason=reason):
+                return _stop(conn, msg, Failure(code, reason, "permanent", Status.DEAD))
+            case outcomes.Retryable() if in_progress(outcome):
+                return _wait_in_progress(service, conn, msg, outcome)
+            case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after):
+                failure = Failure(code, reason, "retryable", Status.DEAD, retry_after)
+                return _retry_or_stop(service, conn, msg, failure, breaker)
+            case outcomes.Unknown(code=code, reason=reason):
+                if msg.policy is UnknownPolicy.GIVE_UP:
+                    return _stop(conn, msg, Failure(code, reason, "unknown", Status.UNKNOWN))
+                lookup = msg.policy is UnknownPolicy.LOOKUP
+                failure = Failure(code, reason, "unknown", Status.UNKNOWN, needs_lookup=lookup)
+                return _retry_or_stop(service, conn, msg, failure, breaker)
+    raise AssertionError(outcome)
+
+
+def _sent(
+    conn: Connection,
+    msg: Sending,
+    ref: str | None,
+    outcome: str,
+    attempt: Mapping[str, Any] | None = None,
+) -> Result:
+    """``sending`` -> ``sent``; with ``attempt``, its row is written by the same statement."""
+    done: dict[str, Any] = dict(
+        provider_ref=ref,
+        sent_at=sql_now(conn),  # the database's clock, inside the UPDATE
+        lease_expires_at=None,
+        needs_lookup=False,
+        last_error_code=None,
+        last_error=None,
+    )
+    if attempt is None:
+        moved = finish(conn, msg, Status.SENT, **done)
+    else:
+        moved = finish_logged(conn, msg, attempt, Status.SENT, **done)
+    if moved:
+        emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
+        return Result(Action.DONE, Status.SENT)
+    return _CHANGED
+
+
+def _stop(conn: Connection, msg: Sending, failure: Failure) -> Result:
+    """End the message in ``failure.final`` (dead or unknown)."""
+    code, status = failure.code, failure.final
+    if finish(
+        conn,
+        msg,
+        status,
+        lease_expires_at=None,
+        last_error_code=code[:64],
+        last_error=failure.reason,
+    ):
+        emit(msg, status, failure.outcome, code)
+        return Result(Action.DONE, status, code=code, reason=failure.reason)
+    return _CHANGED
+
+
+def _retry_or_stop(
+    service: Service,
+    conn: Connection,
+    msg: Sending,
+    failure: Failure,
+    breaker: Recorded = _NO_BREAKER,
+) -> Result:
+    """Wait and try again with the same key, or stop once the attempts are spent; a failed
+    probe gives its attempt back (the module docstring)."""
+    if msg.attempt >= msg.max_attempts and not breaker.probe_failed:
+        spent = f"attempts exhausted ({msg.attempt}/{msg.max_attempts}): {failure.reason}"
+        return _stop(conn, msg, replace(failure, reason=spent))
+    delay = compute_backoff(msg.attempt, msg.backoff, failure.retry_after, service.rng)
+    delay = _not_before_probe(service, delay, breaker)
+    if breaker.probe_failed:
+        given_back = f"circuit breaker probe, attempt given back: {failure.reason}"
+        failure = replace(failure, reason=given_back)
+        return _park(service, conn, msg, delay, failure, max_attempts=msg.max_attempts + 1)
+    return _park(service, conn, msg, delay, failure)
+
+
+def _not_before_probe(service: Service, delay: float, breaker: Recorded) -> float:
+    """``delay``, or longer while the breaker is open after the call: the wait of a message it
+    parks (``probe_wait``)."""
+    if breaker.retry_at is None:
+        return delay
+    return max(delay, probe_wait(service, breaker.retry_at))
+
+
+def probe_wait(service: Service, retry_at: float | None) -> float:
+    """Seconds until the breaker's next probe time ``retry_at`` (epoch seconds; None: now),
+    plus up to ``CIRCUIT_JITTER`` s so that the messages waiting for it do not all come back
+    at once."""
+    return max(0.0, (retry_at or 0.0) - time.time()) + service.rng.uniform(0.0, CIRCUIT_JITTER)
+
+
+def _wait_in_progress(
+    service: Service, conn: Connection, msg: Sending, outcome: outcomes.Retryable
+) -> Result:
+    """Our own earlier attempt is still running at the provider (409 in progress): wait it out
+    (Retry-After, else the provider's own budget, else backoff) and ask again with the same
+    key. The attempt is given back (``max_attempts`` + 1), so this never ends ``dead``."""
+    wait = outcome.retry_after if outcome.retry_after is not None else msg.in_progress_wait
+    if wait is None:
+        wait = compute_backoff(msg.attempt, msg.backoff, None, service.rng)
+    failure = Failure(outcome.code, outcome.reason, "in_progress", Status.DEAD, wait)
+    return _park(service, conn, msg, wait, failure, max_attempts=msg.max_attempts + 1)
+
+
+def _park(
+    service: Service,
+    conn: Connection,
+    msg: Sending,
+    delay: float,
+    failure: Failure,
+    **values: object,
+) -> Result:
+    status = park(conn, msg, delay, service.settings, failure, now=db_now(conn), **values)
+    if status is None:
+        return _CHANGED
+    emit(msg, status, failure.outcome, failure.code, round(delay, 3))
+    action = Action.RETRY if status is Status.DISPATCHED else Action.PARKED
+    return Result(action, status, delay, failure.code, failure.reason)
+
+
+def emit(
+    msg: Sending,
+    to: Status,
+    outcome: str,
+    code: str | None = None,
+    delay: float | None = None,
+    *,
+    enqueued_at: dt.datetime | None = None,
+) -> None:
+    """Announce the transition of this attempt's ``sending`` row to ``to`` (once it is
+    committed or about to be, in the transaction that moved it)."""
+    events.emit(
+        events.Transition(
+            msg.id,
+            msg.key,
+            msg.provider,
+            Status.SENDING,
+            to,
+            msg.attempt,
+            outcome,
+            code,
+            delay,
+            enqueued_at,
+        )
+    )

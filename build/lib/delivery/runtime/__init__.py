@@ -1,0 +1,11 @@
+"""Runtime wiring: the objects one process builds from its settings.
+
+- ``current``: this process's settings (``configure``, ``get_settings``), loaded from the
+  environment on first use.
+- ``db``: engines, sessions and the schema migrations (``delivery/migrations``).
+- ``service``: ``Service``, what one worker or relay holds: the engine, one pooled client per
+  provider, the circuit breakers and the rate limits.
+
+May import: ``delivery.config``, ``delivery.providers`` and ``delivery.guards``; never the
+pipeline (the pipeline is handed a ``Service``) and never Celery.
+"""

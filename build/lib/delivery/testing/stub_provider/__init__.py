@@ -1,0 +1,59 @@
+"""A fault-injecting stub of the reference message provider, for tests and benchmarks.
+
+Protocol (JSON over HTTP/1.1, keep-alive):
+
+* ``POST /v1/messages`` with body ``{"to": "<non-empty string>", ...payload}`` and an optional
+  ``Idempotency-Key`` header. Success is ``201 {"id": "msg_<hex>", "to": ..., "status":
+  "accepted"}`` and records one *effect* under the key (``""`` when the header is absent or
+  empty). A bad JSON body or a missing ``to`` gives ``400 {"code": "INVALID_REQUEST"}``.
+* Dedupe (on by default, keyed requests only): the same key with the same body (sha256 of the
+  raw bytes) replays the stored status and body byte for byte with no new effect; the same key
+  with another body gives ``422 {"code": "IDEMPOTENCY_KEY_REUSED"}``; the same key while its
+  first request is still in flight gives ``409 {"code": "IDEMPOTENCY_IN_PROGRESS"}``. Only
+  answers that recorded an effect are stored, so a key that got an injected error can be retried.
+* ``GET /v1/messages?idempotency_key=K`` returns ``200`` with the stored message (the 201
+  shape) or ``404 {"code": "NOT_FOUND"}``. Lookup works whether or not dedupe is on.
+
+Fault knobs (all off by default; ``PUT /_stub/faults`` merges a partial dict, top level only):
+
+* ``drop_rate`` (0..1): record the effect and store the message, then close the connection
+  without answering. Draws come from ``random.Random(seed)``; ``seed`` reseeds when set.
+* ``delay_ms``: sleep after the dedupe check and before processing; the key is in flight.
+* ``error_rate`` (0..1) and ``error_status`` (default 503): answer an error with no effect.
+  A 503 with ``error_html`` (default true) is an HTML page; a 429 is ``{"code":
+  "RATE_LIMITED"}``; anything else is ``{"code": "PROVIDER_ERROR"}``. ``retry_after``
+  (seconds or null) adds a ``Retry-After`` header to these errors.
+* ``fail_first``: the first N POSTs per key get the ``error_status`` answer, whatever
+  ``error_rate`` says.
+* ``rules``: ``{recipient: {"status": int, "json": value}}`` or ``{recipient: {"status": int,
+  "body": "text", "content_type": "..."}}``. Such a recipient always gets that answer, before
+  any other fault; a non-2xx rule records no effect, a 2xx rule records one (and lookup then
+  returns the usual message shape); ``"drop": true`` on a 2xx rule takes effect and closes
+  the connection unanswered (a lost answer for that recipient only; a repeat of the key gets
+  the stored answer). Setting ``rules`` replaces the whole map.
+* ``dedupe`` (default true): when false every POST is a new effect, but keys are still
+  remembered for lookup.
+
+Control API: ``GET|PUT /_stub/faults`` (unknown or invalid field -> 400 naming it),
+``POST /_stub/reset``, ``GET /_stub/effects`` -> ``{"effects": {key: n}, "total": n}``,
+``GET /_stub/requests`` -> ``{"requests": [{"key", "to", "at", "status", "outcome", "auth"}]}``
+in arrival order (outcome is effect, replay, error, dropped or rejected; a dropped request logs
+the status it would have had; ``auth`` is the sha256 hex of the Authorization header, or null
+when there was none; payloads and secrets are never logged),
+``GET /_stub/health`` -> ``{"ok": true}``.
+
+Run it with ``python -m delivery.testing.stub_provider --port 9090`` or in-process with
+``with StubServer().start() as stub: ...``.
+
+The package: ``answers`` (the answers and the fault knobs' validation), ``state`` (what the
+stub remembers), ``handler`` (the HTTP server and its request handler), ``server``
+(``StubServer``, ``main``), ``client`` (``StubClient``). May import: nothing of ``delivery``
+(it stands for somebody else's service).
+"""
+
+from __future__ import annotations
+
+from delivery.testing.stub_provider.client import StubClient
+from delivery.testing.stub_provider.server import StubServer, main
+
+__all__ = ["StubClient", "StubServer", "main"]

@@ -1,0 +1,129 @@
+"""The Celery application object, configured from ``delivery`` settings on first use."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+from typing import Any
+
+from celery import Celery
+from celery.signals import after_setup_logger, worker_init, worker_process_init
+from kombu.entity import Queue
+
+from delivery.errors import ConfigError
+from delivery.providers.secrets import check_secrets
+from delivery.runtime.current import get_settings
+from delivery.runtime.service import Service
+from delivery.worker import filebroker
+
+__all__ = [
+    "BULK",
+    "QUEUE",
+    "QUEUES",
+    "QUIET_LOGGERS",
+    "URGENT",
+    "DeliveryCelery",
+    "app",
+    "quiet_http_loggers",
+    "service",
+]
+
+log = logging.getLogger("delivery.worker")
+
+QUEUE = "delivery"
+URGENT = "delivery.urgent"
+BULK = "delivery.bulk"
+#: A message type's priority -> its queue. A worker serves them in this order (strictly on
+#: Redis, where ``queue_order_strategy`` is ``priority``).
+QUEUES = {"urgent": URGENT, "normal": QUEUE, "bulk": BULK}
+
+
+def _queue(name: str) -> Queue:
+    return Queue(name, routing_key=name)  # type: ignore[no-untyped-call]
+
+
+class DeliveryCelery(Celery):  # type: ignore[misc]
+    def on_configure(self) -> None:
+        settings = get_settings()
+        conf: dict[str, Any] = dict(
+            broker_url=settings.broker_url,
+            broker_connection_retry_on_startup=True,
+            # Never wait forever for a pooled broker connection: a relay pass that could not
+            # get one gives its rows back and the next pass tries again.
+            broker_pool_acquire_timeout=5.0,
+            task_default_queue=QUEUE,
+            task_queues=[_queue(name) for name in QUEUES.values()],
+            task_ignore_result=True,
+            task_acks_late=True,
+            task_reject_on_worker_lost=True,
+            task_track_started=True,
+            worker_prefetch_multiplier=4,
+            worker_send_task_events=True,
+            task_send_sent_event=True,
+            result_extended=False,
+        )
+        if settings.broker_url.startswith("filesystem"):
+            conf["broker_transport"] = filebroker.TRANSPORT
+            conf["broker_transport_options"] = filebroker.options(Path(settings.home, "broker"))
+        if settings.broker_url.startswith(("redis", "rediss")):
+            conf["broker_transport_options"] = {
+                "queue_order_strategy": "priority",
+                # redis-py's default is no timeout at all: a half-open socket would hang a
+                # publish (and with it the relay) for good.
+                "socket_timeout": 10.0,
+                "socket_connect_timeout": 5.0,
+            }
+        self.conf.update(conf)
+
+
+_TASK_MODULES = ["deliver", "batch", "schedule", "leases"]
+app = DeliveryCelery("delivery", include=[f"delivery.worker.{name}" for name in _TASK_MODULES])
+
+_lock = threading.Lock()
+_service: Service | None = None
+
+
+def service() -> Service:
+    """This process's ``Service`` (engine, provider clients), built on first use."""
+    global _service
+    with _lock:
+        if _service is None:
+            _service = Service.from_settings(get_settings())
+        return _service
+
+
+@worker_process_init.connect  # type: ignore[untyped-decorator]
+def _fresh_after_fork(**_: Any) -> None:
+    """A forked child must not share its parent's database connections or sockets."""
+    global _service
+    with _lock:
+        if _service is not None:
+            _service.engine.dispose(close=False)
+        _service = None
+
+
+#: Loggers whose INFO lines carry request URLs (a webhook's URL is its recipient, a lookup's
+#: query string names the key or the number): WARNING in worker and beat unless configured.
+QUIET_LOGGERS = ("httpx", "httpcore")
+
+
+@after_setup_logger.connect  # type: ignore[untyped-decorator]
+def quiet_http_loggers(**_: Any) -> None:
+    """httpx's ``HTTP Request: POST https://...`` lines stay out of the worker log (G6); a
+    level you set on these loggers yourself is left as it is."""
+    for name in QUIET_LOGGERS:
+        logger = logging.getLogger(name)
+        if logger.level == logging.NOTSET:
+            logger.setLevel(logging.WARNING)
+
+
+@worker_init.connect  # type: ignore[untyped-decorator]
+def _check_providers(**_: Any) -> None:
+    """A worker does not start without every provider's secrets: a missing one would kill
+    every message at send time. Exits with the dotted key and variable name (never a value)."""
+    try:
+        check_secrets(get_settings())
+    except ConfigError as exc:
+        log.critical("worker not started: %s", exc)
+        raise SystemExit(f"delivery worker not started: {exc}") from None
