@@ -1,1 +1,0 @@
-"""Django migrations of the unmanaged outbox models (state only, no DDL)."""
