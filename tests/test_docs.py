@@ -9,8 +9,9 @@ the sequence itself creates (``createdb``) and drops afterwards. Only the enviro
 it at the suite's services, through the variables the blocks read with ``${VAR:-default}``:
 ``PGHOST``/``PGPORT``/``PGUSER`` (the suite's server), ``PGDATABASE`` (a new, unique name),
 ``DELIVERY_BROKER_URL``/``DELIVERY_REDIS_URL`` (this slot's Redis dbs). Between the first two
-blocks the test does what the README tells the reader to do there: point ``[providers.stub]``
-at a provider, here a stub provider on a free port.
+blocks the test does what the README tells the reader to do there to try the setup first:
+route every channel to ``[providers.stub]``, keep only that provider, and start the stub
+provider it points at (here on a free port).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import signal
 import subprocess
 import sys
 import time
+import tomllib
 import unicodedata
 import urllib.request
 import uuid
@@ -289,11 +291,27 @@ def wait_http(url: str, timeout: float) -> None:
     pytest.fail(f"{url} did not answer within {timeout} s")
 
 
-def point_providers_at(config: Path, url: str) -> None:
-    """What the README asks between the blocks: point the providers at yours."""
-    original = config.read_text()
-    edited, count = re.subn(r'(?m)^(base_url\s*=\s*)"[^"]*"', rf'\g<1>"{url}"', original)
-    assert count >= 1, f"{config.name} names no provider base_url:\n{original}"
+def try_with_the_stub(config: Path, url: str) -> None:
+    """What the README says to do between the blocks to try the setup first: every channel's
+    ``provider = "stub"``, only ``[providers.stub]`` kept (here pointed at the test's stub)."""
+    kept: list[str] = []
+    section = ""
+    for line in config.read_text().splitlines():
+        header = re.match(r"\s*\[([^\]]+)\]", line)
+        if header:
+            section = header.group(1).strip()
+        parts = section.split(".")
+        if parts[0] == "providers" and parts[1:2] != ["stub"]:
+            continue  # a provider the trial does not use
+        if parts[0] == "channels" and len(parts) == 2 and re.match(r"provider\s*=", line):
+            line = 'provider = "stub"'
+        if section == "providers.stub" and re.match(r"base_url\s*=", line):
+            line = f'base_url = "{url}"'
+        kept.append(line)
+    edited = "\n".join(kept) + "\n"
+    settings = tomllib.loads(edited)
+    assert settings["providers"]["stub"]["base_url"] == url, edited
+    assert settings["channels"]["sms"]["provider"] == "stub", edited
     config.write_text(edited)
 
 
@@ -363,7 +381,7 @@ def test_the_production_sequence_runs_as_pasted(
         stub_url = f"http://127.0.0.1:{stub_port}"
         wait_http(f"{stub_url}/_stub/effects", timeout=60)
         terminal.paste(shell[0], timeout=300)  # database, configuration, migration
-        point_providers_at(folder / "delivery.toml", stub_url)
+        try_with_the_stub(folder / "delivery.toml", stub_url)
         for block in shell[1:]:
             terminal.paste(block, timeout=120)  # worker and beat, then the app
         exported = terminal.environment()  # what the pasted lines exported
