@@ -1,14 +1,14 @@
-"""The README's example sequences, run as written on a fresh copy of the repository.
+"""The docs' example sequences, run as written on a fresh copy of the repository.
 
-For each example (README sections "Flask" and "Django") the first ``sh`` block is what a
-newcomer types in one terminal (a new virtualenv, ``pip install -e '.[EXTRA]'``, the example's
-``run.sh``) and the second what they type in another (a signup with curl, then ``delivery
-show``). The test copies the repository's files (what a clone has, nothing ignored such as
-``.venv``) into a temporary folder, runs the first block there with bash, in an environment
-without this suite's ``DELIVERY_*`` variables or virtualenv, waits for the app, runs the
-second block's commands and waits until ``delivery show`` reports the message ``sent``.
-Then it presses Ctrl-C (SIGINT to the block's process group, as a terminal does) and checks
-that every process it started has ended.
+For each example (sections "Flask" and "Django" of docs/integrations.md) the first ``sh`` block
+is what a newcomer types in one terminal (a new virtualenv, ``pip install -e '.[EXTRA]'``, the
+example's ``run.sh``) and the second what they type in another (a signup with curl, then
+``delivery show``). The test copies the repository's files (what a clone has, nothing ignored
+such as ``.venv``) into a temporary folder, runs the first block there with bash, in an
+environment without this suite's ``DELIVERY_*`` variables or virtualenv, waits for the app,
+runs the second block's commands and waits until ``delivery show`` reports the message
+``sent``. Then it presses Ctrl-C (SIGINT to the block's process group, as a terminal does) and
+checks that every process it started has ended.
 
 Only three things differ from a person's terminal: ``PORT`` and ``STUB_PORT`` are free ports
 (both blocks read them); in the Django blocks the placeholder in the
@@ -42,12 +42,12 @@ from tests.conftest import PG_DB, PG_SERVER, RUN_DIR, free_port, need
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-README = ROOT / "README.md"
+INTEGRATIONS = ROOT / "docs" / "integrations.md"
 
 
 def section_blocks(title: str) -> list[str]:
-    """The ``sh`` blocks of one README section, as written."""
-    text_ = README.read_text()
+    """The ``sh`` blocks of one section of docs/integrations.md, as written."""
+    text_ = INTEGRATIONS.read_text()
     section = text_.split(f"\n## {title}\n", 1)[1].split("\n## ", 1)[0]
     return re.findall(r"```sh\n(.*?)```", section, re.S)
 
@@ -149,7 +149,7 @@ def run_example(
 ) -> Iterator[dict[str, str]]:
     first, second = section_blocks(title)[:2]
     for line, replacement in substitute.items():
-        assert line in first and line in second, f"README {title}: {line!r} is not in both"
+        assert line in first and line in second, f"docs {title}: {line!r} is not in both"
         first, second = first.replace(line, replacement), second.replace(line, replacement)
     log = RUN_DIR / f"example-{title.lower()}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -186,7 +186,7 @@ def check_signup(seen: dict[str, str]) -> None:
     assert "ann@example.com" not in shown  # the recipient is masked
 
 
-def test_readme_install_blocks_name_the_extras_the_examples_need() -> None:
+def test_install_blocks_name_the_extras_the_examples_need() -> None:
     """Each example's first block creates a virtualenv and installs the project with the
     example's extra, then runs the example's run.sh, which exists and is executable."""
     for title, extra, script in (

@@ -134,7 +134,7 @@ def pip_install_targets(text: str) -> list[str]:
 
 
 def test_install_commands_name_this_distribution() -> None:
-    """Every ``pip install`` the project tells a user to run (README, bench, deploy, compose,
+    """Every ``pip install`` the project tells a user to run (README, docs, bench, deploy, compose,
     examples, messages in the package) installs this checkout (``.``) or the distribution
     pyproject names, never another project's (``delivery`` on the index is someone else's),
     with extras that pyproject declares; the distribution is installed under that name."""
@@ -145,7 +145,8 @@ def test_install_commands_name_this_distribution() -> None:
     name, extras = project["name"], set(project["optional-dependencies"])
     assert name == "delivery-outbox"
     assert importlib.metadata.version(name) == project["version"]
-    files = [ROOT / "README.md", ROOT / "bench" / "README.md", ROOT / "docker-compose.yml"]
+    files = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "bench" / "README.md"]
+    files += [*sorted((ROOT / "docs").glob("*.md")), ROOT / "docker-compose.yml"]
     files += sorted((ROOT / "deploy").iterdir()) + sorted((ROOT / "examples").rglob("*"))
     files += sorted((ROOT / "delivery").rglob("*.py"))
     seen: dict[str, list[str]] = {}

@@ -1,5 +1,5 @@
 """Finding adapters by kind (registry, entry point, dotted path), their own config keys and
-default policies, and the README's custom adapter example, run as written."""
+default policies, and the custom adapter example of docs/providers.md, run as written."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers import REGISTRY, Envelope, TwilioProvider, build_provider
 from tests.provider_stubs import Reply, StubServer, settings_with
 
-README = Path(__file__).resolve().parents[1] / "README.md"
+PROVIDERS_DOC = Path(__file__).resolve().parents[1] / "docs" / "providers.md"
 TWILIO = {
     "kind": "twilio",
     "account_sid": "AC0123456789abcdef0123456789abcdef",
@@ -26,12 +26,13 @@ TWILIO = {
 }
 
 
-def readme_example() -> tuple[str, dict[str, Any]]:
-    """The Python and TOML blocks of the README's "Providers" section, as written there."""
-    section = README.read_text().split("\n## Providers\n", 1)[1].split("\n## ", 1)[0]
+def documented_example() -> tuple[str, dict[str, Any]]:
+    """The Python and TOML blocks of the "Your own adapter" section of docs/providers.md."""
+    text = PROVIDERS_DOC.read_text()
+    section = text.split("\n## Your own adapter\n", 1)[1].split("\n## ", 1)[0]
     python = re.search(r"```python\n(.*?)```", section, re.S)
     toml = re.search(r"```toml\n(.*?)```", section, re.S)
-    assert python and toml, "the README's Providers section lost its example"
+    assert python and toml, "docs/providers.md's adapter section lost its example"
     return python.group(1), tomllib.loads(toml.group(1))
 
 
@@ -44,9 +45,9 @@ def config_error(providers: dict[str, Any], channels: dict[str, Any] | None = No
 def test_readme_custom_adapter_works_as_written(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The README's adapter module, loaded by the dotted path in its TOML, gets its own key
+    """The documented adapter module, loaded by the dotted path in its TOML, gets its own key
     from config.options, sends with our key and bearer secret, and maps answers to outcomes."""
-    code, data = readme_example()
+    code, data = documented_example()
     (tmp_path / "acme_sms.py").write_text(code)
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("ACME_API_KEY", "acme-secret")
@@ -81,7 +82,7 @@ def test_readme_custom_adapter_works_as_written(
 def test_entry_point_kind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A kind named by an installed distribution's entry point in group delivery.providers
     resolves to that adapter."""
-    code, _ = readme_example()
+    code, _ = documented_example()
     (tmp_path / "acme_plugin.py").write_text(code)
     info = tmp_path / "acme_plugin-1.0.dist-info"
     info.mkdir()
