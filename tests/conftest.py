@@ -319,3 +319,23 @@ def session(db_url: str) -> Iterator[Session]:
     with make_sessionmaker(engine)() as session:
         yield session
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel of this checkout as a clone has it (tracked and new files, nothing ignored),
+    built once per session with ``pip wheel --no-deps``."""
+    import subprocess
+    import sys
+
+    from tests.test_examples import fresh_copy
+
+    source = fresh_copy(tmp_path_factory.mktemp("wheel-source"))
+    out = tmp_path_factory.mktemp("wheel")
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
+        check=True,
+        timeout=600,
+    )
+    [wheel] = out.glob("delivery_outbox-*.whl")
+    return wheel

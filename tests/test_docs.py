@@ -36,7 +36,7 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from tests.conftest import BROKER_URL, PG_DB, PG_SERVER, REDIS_URL, RUN_DIR, free_port, need
-from tests.test_examples import fresh_copy, newcomer_env, tail
+from tests.test_examples import newcomer_env, tail
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
@@ -175,20 +175,6 @@ def test_the_production_sequence_is_marked_and_complete() -> None:
     background = [line for line in shell.splitlines() if line.startswith("celery -A")]
     assert [line.split("#")[0].split()[3] for line in background] == ["worker", "beat"]
     assert all(line.split("#")[0].rstrip().endswith("&") for line in background)
-
-
-@pytest.fixture(scope="session")
-def built_wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A wheel of this checkout as a clone has it (tracked and new files, nothing ignored),
-    built once per session with ``pip wheel --no-deps``."""
-    source = fresh_copy(tmp_path_factory.mktemp("wheel-source"))
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(source)],
-        check=True,
-    )
-    [wheel] = out.glob("delivery_outbox-*.whl")
-    return wheel
 
 
 @pytest.fixture

@@ -11,36 +11,17 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """This checkout built as a wheel (not editable)."""
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q",
-         "-w", str(out), str(ROOT)],
-        check=True,
-        capture_output=True,
-        timeout=300,
-    )
-    (built,) = out.glob("delivery_outbox-*.whl")
-    return built
-
-
-def test_the_wheel_installs_one_top_level_name(wheel: Path) -> None:
+def test_the_wheel_installs_one_top_level_name(built_wheel: Path) -> None:
     """Everything in the wheel is under ``delivery/`` or its dist-info: no ``tasks`` (the most
     common name of a Celery module) to shadow an app's own, or be shadowed by it."""
-    with zipfile.ZipFile(wheel) as archive:
+    with zipfile.ZipFile(built_wheel) as archive:
         tops = {name.split("/")[0] for name in archive.namelist()}
     assert {top for top in tops if not top.endswith(".dist-info")} == {"delivery"}
 
 
 def test_the_demo_runs_from_the_wheel_beside_an_apps_tasks_module(
-    wheel: Path, tmp_path: Path
+    built_wheel: Path, tmp_path: Path
 ) -> None:
     """Installed from the wheel into a fresh venv (its dependencies taken from this
     environment's site-packages, without this checkout on the path), ``delivery demo`` run in
@@ -58,7 +39,7 @@ def test_the_demo_runs_from_the_wheel_beside_an_apps_tasks_module(
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
         [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
-         str(wheel)],
+         str(built_wheel)],
         check=True, capture_output=True, timeout=300,
     )
     app = tmp_path / "app"
