@@ -1,8 +1,7 @@
 """Flower over the real pipeline: tasks found by message key, no PII, dead and retried tasks.
 
 Starts ``celery -A delivery.worker flower`` with ``deploy/flowerconfig.py`` against the suite's
-broker,
-drives three messages through the running worker and reads Flower's HTTP API.
+broker, drives three messages through the running worker and reads Flower's HTTP API.
 """
 
 from __future__ import annotations
