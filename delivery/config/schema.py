@@ -110,19 +110,14 @@ class Tuning(Table):
 
     @model_validator(mode="after")
     def _leases(self) -> Self:
-        given = self.model_fields_set
+        given, passes = self.model_fields_set, LEASE_PER_RELAY * self.relay_interval
         if "hold_lease" in given and self.hold_lease >= self.send_lease:
-            raise Invalid(
-                "hold_lease", f"must be below delivery.send_lease ({self.send_lease:g} s)"
-            )
-        passes = LEASE_PER_RELAY * self.relay_interval
+            raise Invalid("hold_lease", f"must be below send_lease ({self.send_lease:g} s)")
         if self.dispatch_lease < passes:
-            key = "dispatch_lease" if "dispatch_lease" in given else "relay_interval"
             raise Invalid(
-                key,
-                f"delivery.dispatch_lease ({self.dispatch_lease:g} s) must span at least "
-                f"{LEASE_PER_RELAY:g} relay passes ({passes:g} s at relay_interval "
-                f"{self.relay_interval:g} s): the relay renews queued tasks on each pass",
+                "dispatch_lease" if "dispatch_lease" in given else "relay_interval",
+                f"dispatch_lease ({self.dispatch_lease:g} s) must span {LEASE_PER_RELAY:g} "
+                f"relay passes ({passes:g} s): the relay renews queued tasks on each pass",
             )
         return self
 
@@ -310,23 +305,23 @@ class ConfigFile(Table):
             raise Invalid(f"{where}.on_unknown", problem)
 
     def _send_lease_check(self) -> None:
-        """A send outlives its lease only past the provider's total timeout: name what was set."""
+        """Each provider's total timeout stays below ``send_lease``. The key named is one the
+        file sets: the lease, else the provider's own largest timeout, else the shared one."""
         lease = self.delivery.send_lease
-        base = Timeouts(**self.timeouts.model_dump())
         for name, provider in self.providers.items():
-            total = provider.timeouts_over(base).total
-            if lease > total:
+            total = provider.timeouts_over(Timeouts(**self.timeouts.model_dump())).total
+            if total < lease:
                 continue
             own, shared = provider.timeouts, self.timeouts
-            key = "delivery.send_lease"
-            if "send_lease" not in self.delivery.model_fields_set:
-                for where, table in ((f"providers.{name}.timeouts", own), ("timeouts", shared)):
-                    given = sorted(table.model_fields_set, key=lambda k: getattr(table, k))
-                    if given:
-                        key = f"{where}.{given[-1]}"
-                        break
+            given = [
+                max((getattr(t, k), f"{where}.{k}") for k in t.model_fields_set)[1]
+                for where, t in ((f"providers.{name}.timeouts", own), ("timeouts", shared))
+                if t.model_fields_set
+            ]
+            if "send_lease" in self.delivery.model_fields_set or not given:
+                given = ["delivery.send_lease"]
             raise Invalid(
-                key,
+                given[0],
                 f"provider {name!r}'s total timeout ({total:g} s) must stay below "
                 f"delivery.send_lease ({lease:g} s), or live sends would be taken for dead",
             )
