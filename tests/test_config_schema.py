@@ -18,7 +18,7 @@ from click.testing import CliRunner, Result
 from delivery.cli import main
 from delivery.config.loading import settings_from_mapping
 from delivery.config.schema import json_schema
-from delivery.config.settings import Backoff, Settings, Timeouts
+from delivery.config.settings import CHANNELS, Backoff, Settings, Timeouts
 from delivery.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +92,7 @@ def test_the_schema_lists_the_numbers_of_every_table() -> None:
         "types.*.backoff.base",
     } <= paths
     assert len(paths) >= 38  # 11 + 2 + 4 + 14 + 3 + 4 today
+    assert set(SCHEMA["$defs"]["Channels"]["properties"]) == set(CHANNELS)
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf"), float("-inf")], ids=str)

@@ -27,9 +27,8 @@ import os
 import tomllib
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from delivery.config.schema import ConfigFile, parse
 from delivery.config.settings import (
     DEFAULT_HOME,
     Backoff,
@@ -42,6 +41,9 @@ from delivery.config.settings import (
 )
 from delivery.config.urls import database_url_for
 from delivery.errors import ConfigError
+
+if TYPE_CHECKING:
+    from delivery.config.schema import ConfigFile
 
 __all__ = [
     "REQUIRED_VARIABLES",
@@ -60,6 +62,8 @@ def settings_from_mapping(
     home: str = DEFAULT_HOME,
 ) -> Settings:
     """Build and validate settings from a parsed TOML document (``delivery.config.schema``)."""
+    from delivery.config.schema import parse  # pydantic loads with the first settings, not import
+
     config = parse(data)
     tuning = config.delivery.model_dump()
     if tuning["hold_lease"] >= tuning["send_lease"]:  # a short send_lease, hold_lease not set
@@ -105,7 +109,7 @@ def _providers(config: ConfigFile) -> dict[str, ProviderConfig]:
             timeouts=table.timeouts_over(timeouts),
             api_key_env=table.api_key_env,
             breaker=BreakerConfig(**table.breaker.model_dump()),
-            options=table.options,
+            options=table.options(),
             rate_limit=table.rate_limit,
         )
         adapter.check(provider, f"providers.{name}.")

@@ -17,7 +17,7 @@ import functools
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Self
 
 from pydantic import (
     AfterValidator,
@@ -35,6 +35,9 @@ from delivery.config.settings import (
     DEFAULT_STUB_URL,
     Backoff,
     BreakerConfig,
+    Channel,
+    OnRedisError,
+    Priority,
     Settings,
     Timeouts,
 )
@@ -157,7 +160,7 @@ class BreakerTable(Table):
     reset_timeout: Seconds = _BREAKER.reset_timeout
     half_open_probes: Count = _BREAKER.half_open_probes
     enabled: bool = _BREAKER.enabled
-    on_redis_error: Literal["local", "allow"] = "local"
+    on_redis_error: OnRedisError = "local"
 
 
 def _builtin_keys(schema: dict[str, Any]) -> None:
@@ -187,7 +190,6 @@ class ProviderTable(Table):
         except ConfigError as exc:
             raise Invalid("kind", exc.problem) from None
 
-    @property
     def options(self) -> dict[str, Any]:
         """The adapter's own keys of this table, checked against its ``config_keys``."""
         extra = self.model_extra or {}
@@ -206,7 +208,7 @@ class ProviderTable(Table):
 
     @model_validator(mode="after")
     def _adapter_keys(self) -> Self:
-        self.options  # noqa: B018 (checks kind and the adapter's keys)
+        self.options()  # checks kind and the adapter's own keys
         if self.base_url is None and self.adapter.default_base_url is None:
             raise Invalid("base_url", "is required")
         return self
@@ -244,12 +246,12 @@ class Channels(Table):
 class TypeTable(Table):
     """``[types.NAME]``: defaults for one kind of message, chosen with ``enqueue(type=...)``."""
 
-    channel: Literal["email", "sms", "webhook"]
+    channel: Channel
     provider: Name | None = None
     on_unknown: Policy | None = None
     max_attempts: Count | None = None
     backoff: BackoffTable | None = None
-    priority: Literal["urgent", "normal", "bulk"] = "normal"
+    priority: Priority = "normal"
     ttl: Seconds | None = None  # seconds from the due time; past it the message expires
 
 
