@@ -308,23 +308,22 @@ class ConfigFile(Table):
 
     def _send_lease_check(self) -> None:
         """Each provider's total timeout stays below ``send_lease``. The key named is one the
-        file sets: the lease, else the provider's own largest timeout, else the shared one."""
+        file sets: the lease, else the largest timeout the file gives that provider."""
         lease = self.delivery.send_lease
         for name, provider in self.providers.items():
-            total = provider.timeouts_over(Timeouts(**self.timeouts.model_dump())).total
-            if total < lease:
+            timeouts = provider.timeouts_over(Timeouts(**self.timeouts.model_dump()))
+            if timeouts.total < lease:
                 continue
-            own, shared = provider.timeouts, self.timeouts
-            given = [
-                max((getattr(t, k), f"{where}.{k}") for k in t.model_fields_set)[1]
-                for where, t in ((f"providers.{name}.timeouts", own), ("timeouts", shared))
-                if t.model_fields_set
-            ]
-            if "send_lease" in self.delivery.model_fields_set or not given:
-                given = ["delivery.send_lease"]
+            own, shared = provider.timeouts.model_fields_set, self.timeouts.model_fields_set
+            given = {k: f"providers.{name}.timeouts.{k}" for k in own}
+            for k in shared - own - set(provider.adapter.default_timeouts):
+                given[k] = f"timeouts.{k}"
+            key = "delivery.send_lease"
+            if given and "send_lease" not in self.delivery.model_fields_set:
+                key = given[max(given, key=lambda k: getattr(timeouts, k))]
             raise Invalid(
-                given[0],
-                f"provider {name!r}'s total timeout ({total:g} s) must stay below "
+                key,
+                f"provider {name!r}'s total timeout ({timeouts.total:g} s) must stay below "
                 f"delivery.send_lease ({lease:g} s), or live sends would be taken for dead",
             )
 
@@ -332,9 +331,14 @@ class ConfigFile(Table):
 def parse(data: Mapping[str, Any]) -> ConfigFile:
     """``data`` (a parsed TOML document) checked, or a ``ConfigError`` naming the key."""
     try:
-        return ConfigFile.model_validate(data)
+        return ConfigFile.model_validate(_plain(data))
     except ValidationError as exc:
         raise config_error(exc) from None
+
+
+def _plain(value: Any) -> Any:
+    """Any mapping (e.g. a framework's ``DELIVERY_OPTIONS``) as the dicts a TOML file gives."""
+    return {k: _plain(v) for k, v in value.items()} if isinstance(value, Mapping) else value
 
 
 def json_schema() -> dict[str, Any]:
@@ -354,7 +358,6 @@ _PROBLEMS = {
     "list_type": "must be a list",
     "dict_type": "must be a table",
     "model_type": "must be a table",
-    "model_attributes_type": "must be a table",
     "greater_than_equal": "must be >= {ge:g}",
     "less_than_equal": "must be <= {le:g}",
     "extra_forbidden": "unknown key",
