@@ -4,7 +4,7 @@ Tables refuse unknown keys, numbers are finite and in range, choices are enums, 
 across keys (leases, references between tables) are model validators that name the key the
 file sets, never a default it did not write (``timeouts.read`` when it pushes a provider's
 total past ``send_lease``). ``parse`` turns the first error into one ``ConfigError`` naming
-the dotted key (``config channels.sms.on_unknown: 'retyr' is not a policy (...)``).
+the dotted key (``delivery.config.problems``).
 A ``[providers.NAME]`` table also takes its adapter's ``config_keys``
 (``delivery.providers.registry``), checked by a model built from them; the JSON Schema
 (``delivery config schema``) lists the built-in adapters' keys. Defaults are those of
@@ -14,7 +14,6 @@ A ``[providers.NAME]`` table also takes its adapter's ``config_keys``
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Annotated, Any, Self
@@ -28,8 +27,8 @@ from pydantic import (
     create_model,
     model_validator,
 )
-from pydantic_core import ErrorDetails
 
+from delivery.config.problems import Invalid, config_error
 from delivery.config.settings import (
     CHANNELS,
     DEFAULT_STUB_URL,
@@ -45,21 +44,13 @@ from delivery.errors import ConfigError
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.registry import REGISTRY, Adapter, adapter_for
 
-__all__ = ["LEASE_PER_RELAY", "ConfigFile", "Invalid", "json_schema", "parse"]
+__all__ = ["LEASE_PER_RELAY", "ConfigFile", "json_schema", "parse"]
 
 #: ``dispatch_lease`` spans at least this many relay passes, each of which renews the leases of
 #: tasks still queued: a pass may run late under load without a queued task being taken for lost.
 LEASE_PER_RELAY = 3.0
 _SETTINGS, _TIMEOUTS = Settings(database_url="", broker_url=""), Timeouts()
 _BACKOFF, _BREAKER = Backoff(), BreakerConfig()
-
-
-class Invalid(ValueError):
-    """A check failed on ``key``, relative to the table whose validator raised it."""
-
-    def __init__(self, key: str, problem: str) -> None:
-        super().__init__(problem)
-        self.key = key
 
 
 def _http_url(value: str) -> str:
@@ -345,46 +336,3 @@ def json_schema() -> dict[str, Any]:
     """A JSON Schema of ``delivery.toml`` for editors (``delivery config schema``)."""
     schema = ConfigFile.model_json_schema()
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
-
-
-_PROBLEMS = {
-    "missing": "is required",
-    "int_type": "must be an integer",
-    "float_type": "must be a number",
-    "finite_number": "must be a finite number",
-    "bool_type": "must be true or false",
-    "string_type": "must be a string",
-    "string_too_short": "must be a non-empty string",
-    "list_type": "must be a list",
-    "dict_type": "must be a table",
-    "model_type": "must be a table",
-    "greater_than_equal": "must be >= {ge:g}",
-    "less_than_equal": "must be <= {le:g}",
-    "extra_forbidden": "unknown key",
-}
-
-
-def config_error(exc: ValidationError) -> ConfigError:
-    """The first error of ``exc`` as one ``ConfigError`` naming its dotted key.
-
-    One error, not all: a start-up failure is one line that names one key, and a process
-    refuses to start on the first wrong value anyway (``delivery config check`` shows the next
-    one once this one is fixed).
-    """
-    error: ErrorDetails = exc.errors(include_url=False)[0]
-    loc = [str(part) for part in error["loc"]]
-    ctx = error.get("ctx") or {}
-    cause = ctx.get("error")
-    if isinstance(cause, ValueError):
-        problem = str(cause)
-        if isinstance(cause, Invalid):
-            loc.append(cause.key)
-    elif error["type"] in ("enum", "literal_error"):
-        choices = ", ".join(re.findall(r"'([^']*)'", str(ctx["expected"])))
-        what = f"a policy ({choices})" if loc[-1] == "on_unknown" else f"one of {choices}"
-        problem = f"{error['input']!r} is not {what}"
-    elif error["type"] in _PROBLEMS:
-        problem = _PROBLEMS[error["type"]].format(**ctx)
-    else:
-        problem = error["msg"]
-    return ConfigError(".".join(loc), problem)
