@@ -27,7 +27,7 @@ def config_group() -> None:
 @config_group.command("check")
 @click.argument("file", required=False, type=click.Path(exists=True, dir_okay=False))
 def check_command(file: str | None) -> None:
-    """Check FILE (or $DELIVERY_CONFIG) and the environment: ok, or the error.
+    """Check FILE (or $DELIVERY_CONFIG) and the environment; print ok.
 
     Settings load as at every start-up, DELIVERY_* variables included; a wrong value prints
     one line naming its key and exits 2.

@@ -27,6 +27,8 @@ from pydantic import (
     create_model,
     model_validator,
 )
+from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
+from pydantic_core import core_schema
 
 from delivery.config.problems import Invalid, config_error
 from delivery.config.settings import (
@@ -158,7 +160,8 @@ def _builtin_keys(schema: dict[str, Any]) -> None:
     """Add the built-in adapters' own keys to a provider table's JSON Schema."""
     for kind in sorted(REGISTRY):
         model = _options_model(tuple(adapter_for(kind).config_keys.items()))
-        for key, value in model.model_json_schema().get("properties", {}).items():
+        keys = model.model_json_schema(schema_generator=_TomlSchema).get("properties", {})
+        for key, value in keys.items():
             schema["properties"].setdefault(key, {**value, "description": f"kind {kind!r} only"})
 
 
@@ -255,7 +258,7 @@ class ConfigFile(Table):
     backoff: BackoffTable = BackoffTable()
     timeouts: TimeoutsTable = TimeoutsTable()
     providers: dict[str, ProviderTable] = {}
-    channels: Channels = Channels()
+    channels: Channels = Field(default_factory=Channels)  # a schema default would hold nulls
     types: dict[str, TypeTable] = {}
 
     @model_validator(mode="before")
@@ -334,5 +337,17 @@ def _plain(value: Any) -> Any:
 
 def json_schema() -> dict[str, Any]:
     """A JSON Schema of ``delivery.toml`` for editors (``delivery config schema``)."""
-    schema = ConfigFile.model_json_schema()
+    schema = ConfigFile.model_json_schema(schema_generator=_TomlSchema)
     return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
+
+
+class _TomlSchema(GenerateJsonSchema):
+    """TOML has no null: an optional key is absent, so its schema is the value's alone."""
+
+    def nullable_schema(self, schema: core_schema.NullableSchema) -> JsonSchemaValue:
+        return self.generate_inner(schema["schema"])
+
+    def default_schema(self, schema: core_schema.WithDefaultSchema) -> JsonSchemaValue:
+        if "default" in schema and schema["default"] is None:
+            return self.generate_inner(schema["schema"])
+        return super().default_schema(schema)
