@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 import json
 import tomllib
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +35,7 @@ def example() -> dict[str, Any]:
     return tomllib.loads(result.output)
 
 
-def load(data: dict[str, Any]) -> Settings:
+def load(data: Mapping[str, Any]) -> Settings:
     return settings_from_mapping(data, database_url="sqlite://", broker_url="x", redis_url=None)
 
 
@@ -192,3 +192,14 @@ def test_a_check_across_keys_names_the_key_the_user_set(text: str, key: str) -> 
     with pytest.raises(ConfigError) as caught:
         load(tomllib.loads(text))
     assert caught.value.key == key
+
+
+def test_options_given_as_any_mapping_load_like_a_file() -> None:
+    """``DELIVERY_OPTIONS`` from a framework's settings may nest any mapping (not only dicts):
+    it is checked as the same TOML tables would be."""
+    from types import MappingProxyType as Frozen
+
+    provider = Frozen({"kind": "http", "base_url": "http://x/", "timeouts": Frozen({"read": 2})})
+    settings = load(Frozen({"providers": Frozen({"p": provider})}))
+    assert settings.providers["p"].base_url == "http://x"
+    assert settings.providers["p"].timeouts.read == 2.0
