@@ -1,8 +1,8 @@
 """``delivery config check|schema|example``: the settings file, checked, described, started.
 
 ``check`` loads the settings exactly as every process does at start-up (the environment and
-the TOML file), so ``ok`` means a worker would start with them; a wrong value is the same
-one-line ``config <key>: ...`` error, exit 2.
+the TOML file): ``ok``, or the same one-line ``config <key>: ...`` error and exit 2. It does
+not connect to the database or the broker.
 """
 
 from __future__ import annotations
@@ -14,7 +14,6 @@ from importlib.resources import files
 import click
 
 from delivery.config.loading import load_settings
-from delivery.config.schema import json_schema
 
 __all__ = ["config_group"]
 
@@ -42,6 +41,8 @@ def check_command(file: str | None) -> None:
 @config_group.command("schema")
 def schema_command() -> None:
     """Print the JSON Schema of delivery.toml (for an editor)."""
+    from delivery.config.schema import json_schema  # pydantic: only for the commands needing it
+
     click.echo(json.dumps(json_schema(), indent=2))
 
 
