@@ -4,6 +4,7 @@ One module per command group; each parses its options, asks ``delivery.ops`` (or
 or the migrations) and renders the answer; none holds a query of its own:
 
 - ``db``: ``db upgrade``, ``db current``;
+- ``config``: ``config check``, ``config schema``, ``config example``;
 - ``inspect``: ``stats``, ``dead``, ``show``;
 - ``repair``: ``redrive``, ``resolve``, ``cancel``;
 - ``prune``: ``prune``;
@@ -29,7 +30,7 @@ from __future__ import annotations
 
 import click
 
-from delivery.cli import breaker, console, db, inspect, prune, repair, testing, watch
+from delivery.cli import breaker, config, console, db, inspect, prune, repair, testing, watch
 from delivery.cli.common import DeliveryGroup, parse_since
 
 __all__ = ["main", "parse_since"]
@@ -43,6 +44,7 @@ def main() -> None:
 
 for _command in (
     db.db,
+    config.config_group,
     inspect.stats,
     inspect.dead_command,
     inspect.show,

@@ -2,10 +2,14 @@
 
 - ``settings``: the frozen classes (``Settings``, ``ProviderConfig``, ``ChannelConfig``,
   ``MessageType``, ``BreakerConfig``, ``Backoff``, ``Timeouts``).
+- ``schema``: the TOML file's pydantic models (``ConfigFile``), its checks and JSON Schema;
+  ``problems`` turns their first error into a ``ConfigError`` naming the dotted key.
 - ``loading``: ``load_settings`` (environment and ``DELIVERY_CONFIG``) and
-  ``settings_from_mapping``; a wrong value is a ``ConfigError`` naming its dotted key.
+  ``settings_from_mapping``, which build ``Settings`` from the checked file.
+- ``urls``: database URLs as SQLAlchemy takes them. ``example.toml`` is the starting file
+  ``delivery config example`` prints.
 
 The process's current settings live in ``delivery.runtime.current``. ``settings`` may import
-``delivery.pipeline.policies`` only; ``loading`` also ``delivery.errors`` and
+``delivery.pipeline.policies`` only; the others also ``delivery.errors``, and ``schema`` also
 ``delivery.providers.registry`` (a provider's table is checked against its adapter).
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from delivery.pipeline.policies import UnknownPolicy
 
@@ -24,17 +24,23 @@ __all__ = [
     "PROVIDER_KINDS",
     "Backoff",
     "BreakerConfig",
+    "Channel",
     "ChannelConfig",
     "MessageType",
+    "OnRedisError",
+    "Priority",
     "ProviderConfig",
     "Settings",
     "Timeouts",
 ]
 
-CHANNELS = ("email", "sms", "webhook")
-PRIORITIES = ("urgent", "normal", "bulk")
+Channel = Literal["email", "sms", "webhook"]
+Priority = Literal["urgent", "normal", "bulk"]
+OnRedisError = Literal["local", "allow"]
+CHANNELS: tuple[str, ...] = get_args(Channel)
+PRIORITIES: tuple[str, ...] = get_args(Priority)
+ON_REDIS_ERROR: tuple[str, ...] = get_args(OnRedisError)
 PROVIDER_KINDS = ("http", "pigeon", "twilio", "webhook")  # built in; see delivery.providers
-ON_REDIS_ERROR = ("local", "allow")
 DEFAULT_HOME = ".delivery"
 DEFAULT_STUB_URL = "http://127.0.0.1:9090"
 

@@ -13,9 +13,9 @@ An adapter is a class (any callable) taking its ``ProviderConfig`` and returning
 attributes (defaults in brackets):
 
 - ``config_keys`` [none]: the extra keys its ``[providers.NAME]`` table accepts, a set of names
-  or a mapping of name to ``str``, ``int``, ``float``, ``bool`` or ``list`` (checked); the
-  values reach the adapter as ``config.options``. Any other key is still a ``ConfigError``
-  naming it.
+  or a mapping of name to ``str``, ``int``, ``float``, ``bool`` or ``list`` (checked by
+  ``delivery.config.schema``); the values reach the adapter as ``config.options``. Any other
+  key is still a ``ConfigError`` naming it.
 - ``default_on_unknown`` [``retry``]: the unknown-outcome policy of a channel that sends
   through this provider and does not set ``on_unknown`` itself.
 - ``supports_lookup`` [``True``]: ``False`` makes ``on_unknown = "lookup"`` on a channel of
@@ -84,20 +84,6 @@ class Adapter:
     default_base_url: str | None = None
     default_timeouts: Mapping[str, float] = field(default_factory=dict)
 
-    def options(self, table: Mapping[str, Any], where: str) -> dict[str, Any]:
-        """The adapter's own keys of a provider table, type-checked."""
-        options: dict[str, Any] = {}
-        for key, kind in self.config_keys.items():
-            if key not in table:
-                continue
-            value = table[key]
-            if kind is not None and not _is(value, kind):
-                raise ConfigError(f"{where}{key}", f"must be {_NAMES[kind]}")
-            if kind is str and not value:
-                raise ConfigError(f"{where}{key}", "must be a non-empty string")
-            options[key] = float(value) if kind is float else value
-        return options
-
     def check(self, config: ProviderConfig, where: str) -> None:
         """Run the adapter's own ``check_config``; its error keys get the table's prefix."""
         check = getattr(self.factory, "check_config", None)
@@ -113,15 +99,6 @@ class Adapter:
         check = getattr(self.factory, "check_recipient", None)
         if check is not None:
             check(config, to)
-
-
-_NAMES: dict[type, str] = {
-    str: "a string",
-    int: "an integer",
-    float: "a number",
-    bool: "true or false",
-    list: "a list",
-}
 
 
 def _is(value: Any, kind: type) -> bool:
