@@ -20,8 +20,6 @@ import httpx
 from celery import Celery, Task
 from celery.signals import worker_process_init
 
-from delivery.providers.wire import Wire
-
 __all__ = ["QUEUE", "app", "send"]
 
 QUEUE = "celery_alone"
@@ -64,7 +62,6 @@ def client() -> httpx.Client:
                 headers={"User-Agent": "celery-alone/0.1"},
                 timeout=httpx.Timeout(connect=3.0, read=10.0, write=5.0, pool=5.0),
                 limits=httpx.Limits(max_connections=64, max_keepalive_connections=32),
-                transport=Wire() if os.environ.get("BENCH_ALONE_WIRE") == "1" else None,
             )
         return _client
 

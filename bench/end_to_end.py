@@ -20,8 +20,7 @@ after a 100-message warm-up, and checks that every key took effect exactly once.
 ``apply_async`` for each right after the commit), and the clock runs from the commit's start
 to the last accept. Per pool, in the same run: Celery alone, ``delivery`` with one message per
 task (``batch_size = 1``: the path before batches), with the default batches, and with the
-default batches but no task events (what Flower's per-message events cost), and Celery alone
-with ``delivery``'s HTTP transport (``Wire``: how much of the gain is the transport). CPU per
+default batches but no task events (what Flower's per-message events cost). CPU per
 delivered message is split per process: worker (and its pool children), PostgreSQL backends,
 beat, app.
 """
@@ -197,7 +196,6 @@ BACKLOG_RUNS = [
     ("single", "delivery", SINGLE_CONFIG, True),
     ("batch", "delivery", CONFIG, True),
     ("batch_no_events", "delivery", CONFIG, False),
-    ("alone_wire", "alone", None, True),
 ]
 
 
@@ -228,7 +226,6 @@ def backlog_run(
     else:
         celery_alone.app.conf.task_send_sent_event = False
         env["BENCH_ALONE_MATCHED"] = "0"
-        env["BENCH_ALONE_WIRE"] = "1" if label == "alone_wire" else "0"
         started.append(
             procs.worker(
                 "bench.celery_alone", pool=pool, concurrency=concurrency, name="e2e", env=env
@@ -338,7 +335,6 @@ def backlog_main(
                 continue
             alone, batch = results["alone"], results["batch"]
             single, quiet = results["single"], results["batch_no_events"]
-            wired = results["alone_wire"]
             what = f"{messages:,}-message backlog, {pool} x{concurrency}"
             pairs = ", ".join(
                 f"{b:,.0f}/{a:,.0f}" for b, a in zip(batch["rounds"], alone["rounds"], strict=True)
@@ -372,16 +368,6 @@ def backlog_main(
                     None,
                     f"events on {_split(batch)}",
                     f"events off {_split(quiet)} (one run)",
-                )
-            )
-            rows.append(
-                row(
-                    f"the HTTP transport's share: batches vs Celery alone on Wire, {what}",
-                    batch["rate"] / wired["rate"],
-                    "(split)",
-                    None,
-                    f"batches {_split(batch)}",
-                    f"Celery alone with delivery's transport {_split(wired)} (one run)",
                 )
             )
         if only is None:

@@ -1,32 +1,33 @@
-"""The base of the built-in adapters: one pooled httpx client per provider, and ``close``.
+"""The base of the built-in adapters: one pooled ``httpx.Client`` per provider, and ``close``.
 
-Every adapter of this package builds its requests with one ``httpx.Client`` made from its
+Every adapter of this package sends through one ``httpx.Client`` made from its
 ``ProviderConfig``: per-phase timeouts (``[timeouts]``, ``[providers.NAME.timeouts]``), our
 ``User-Agent``, and whatever the wire protocol adds (a base URL, headers, connection limits).
-The request goes straight to the transport: ``Wire`` (``delivery.providers.wire``, keep-alive
-HTTP/1.1 at half the CPU of ``httpx.Client.post``) unless one is injected (tests pass
-``httpx.MockTransport``, webhooks their address guard), or ``Client.send`` when the environment
-sets a proxy. So there are no redirects (httpx follows none by default either), cookies or auth
-flows: credentials travel as headers. ``_post`` sends and maps the result to an outcome;
-``close`` releases the connections (``Service.close`` calls it).
+Its transport is httpx's own (``httpx.HTTPTransport``: httpcore's connection pool), through the
+proxy the environment names if any (``HTTPS_PROXY`` and friends, as httpx honours them), unless
+one is injected (tests pass ``httpx.MockTransport``, webhooks their address guard). No redirect
+is followed and no cookie kept (the client's jar refuses them all); credentials travel as
+headers. ``_post`` sends and maps the result to an outcome; ``close`` releases the connections
+(``Service.close`` calls it).
 
-Answers are bounded (G7) in ``_exchange``, the one place an adapter reads one:
+Answers are bounded in ``_exchange``, the one place an adapter reads one:
 
-- the body is streamed and kept up to ``BODY_LIMIT`` bytes (64 KiB) after decoding (a lookup
-  may ask for more); the rest is not read. gzip and deflate are decoded here, chunk by chunk
-  with the same limit, so a compression bomb inflates no further; another encoding counts as
-  an empty body.
+- the body is streamed (``Response.iter_raw``) and kept up to ``BODY_LIMIT`` bytes (64 KiB)
+  after decoding (a lookup may ask for more); the rest is not read. gzip and deflate are
+  decoded here, chunk by chunk with the same limit, so a compression bomb inflates no further;
+  another encoding counts as an empty body.
 - the whole exchange (pool, connect, write, read of headers and body) has a deadline: the
   provider's ``timeouts.total``, which ``send_lease`` must exceed. A body still dripping in at
   the deadline ends the exchange with ``httpx.ReadTimeout`` (unknown: the request was sent);
-  each read of the body also waits no longer than what is left of the deadline.
+  each read of the body also waits no longer than what is left of the deadline (the request's
+  ``timeout`` extension, which httpcore reads when the body is first read).
 """
 
 from __future__ import annotations
 
+import http.cookiejar
 import logging
 import time
-import urllib.request
 import zlib
 from collections.abc import Callable
 from typing import Any
@@ -35,7 +36,6 @@ import httpx
 
 from delivery.config.settings import ProviderConfig, Timeouts
 from delivery.pipeline.outcomes import Outcome, classify_exception
-from delivery.providers.wire import Wire
 
 __all__ = ["BODY_LIMIT", "USER_AGENT", "PooledClient", "timeout"]
 
@@ -47,12 +47,6 @@ _DROPPED = {b"content-encoding", b"content-length", b"transfer-encoding"}
 _URL_CACHE = 64
 
 log = logging.getLogger("delivery.providers")
-
-
-def _proxied() -> bool:
-    """Whether the environment names a proxy (``HTTP_PROXY``, ``HTTPS_PROXY``, ``ALL_PROXY``,
-    any case) that httpx would honour; ``NO_PROXY`` alone names none."""
-    return any(scheme != "no" for scheme in urllib.request.getproxies())
 
 
 def timeout(timeouts: Timeouts) -> httpx.Timeout:
@@ -89,7 +83,8 @@ class _Decoder:
 
 class PooledClient:
     """An adapter's ``name`` and its client (``self._client``); ``headers`` come after our
-    ``User-Agent``, any other keyword goes to ``httpx.Client`` as it is."""
+    ``User-Agent``, any other keyword goes to ``httpx.Client`` as it is (``limits``,
+    ``base_url``)."""
 
     def __init__(
         self,
@@ -101,28 +96,20 @@ class PooledClient:
     ) -> None:
         self.name = config.name
         self._deadline = config.timeouts.total
-        if transport is None and not _proxied():
-            limits = options.get("limits") or httpx.Limits()
-            expiry = limits.keepalive_expiry
-            transport = Wire(
-                max_connections=limits.max_connections or 1_000_000,
-                max_keepalive=limits.max_keepalive_connections or 1_000_000,
-                keepalive_expiry=1e9 if expiry is None else expiry,
-            )
-        #: The transport called directly (no redirects, cookies or auth flows: adapters send
-        #: their credentials as headers); ``None`` with a proxy set: ``Client.send`` mounts it.
-        self._transport = transport
-        self._urls: dict[str, httpx.URL] = {}
         self._client = httpx.Client(
             headers={
                 "User-Agent": USER_AGENT,
                 "Accept-Encoding": "gzip, deflate",
                 **(headers or {}),
             },
+            cookies=http.cookiejar.CookieJar(
+                http.cookiejar.DefaultCookiePolicy(allowed_domains=())  # no domain: none kept
+            ),
             timeout=timeout(config.timeouts),
             transport=transport,
             **options,
         )
+        self._urls: dict[str, httpx.URL] = {}
 
     def _url(self, url: str) -> httpx.URL | str:
         """A path's absolute URL under ``base_url``, merged once (httpx parses it each time)."""
@@ -141,23 +128,16 @@ class PooledClient:
         """One request; the answer with its body read up to ``limit`` bytes (decoded), within
         the deadline (the module docstring). Raises httpx's errors like ``Client.request``."""
         deadline = time.monotonic() + self._deadline
-        sent = self._client.build_request(method, self._url(url), **request)
-        if self._transport is None:
-            response = self._client.send(sent, stream=True)
-        else:
-            response = self._transport.handle_request(sent)
-        try:
-            left = deadline - time.monotonic()
-            timeouts = sent.extensions.get("timeout")
+        with self._client.stream(method, self._url(url), **request) as response:
+            timeouts = response.request.extensions.get("timeout")
             if isinstance(timeouts, dict):  # each read of the body: no longer than what is left
+                left = max(0.001, deadline - time.monotonic())
                 read = timeouts.get("read")
-                timeouts["read"] = max(0.001, left if read is None else min(read, left))
+                timeouts["read"] = left if read is None else min(read, left)
             if response.is_stream_consumed:  # a transport that read it already (tests)
                 body = bytearray(response.content[:limit])
             else:
-                body = self._read(response, sent, limit, deadline)
-        finally:
-            response.close()
+                body = self._read(response, limit, deadline)
         if log.isEnabledFor(logging.DEBUG):  # a relative path only: a webhook URL is a recipient
             log.debug(
                 "%s: %s %s answered %d (%d bytes kept)",
@@ -172,27 +152,23 @@ class PooledClient:
             response.status_code,
             headers=headers,
             content=bytes(body),
-            request=sent,
+            request=response.request,
             extensions={"reason_phrase": response.extensions.get("reason_phrase", b"")},
         )
 
-    def _read(
-        self, response: httpx.Response, request: httpx.Request, limit: int, deadline: float
-    ) -> bytearray:
+    def _read(self, response: httpx.Response, limit: int, deadline: float) -> bytearray:
         """The body, decoded, up to ``limit`` bytes; ``ReadTimeout`` past the deadline."""
         decoder = _Decoder(response.headers.get("content-encoding", "identity"))
         body = bytearray()
         raw = 0
-        stream = response.stream
-        assert isinstance(stream, httpx.SyncByteStream)
-        for chunk in stream:
+        for chunk in response.iter_raw():
             raw += len(chunk)
             body += decoder.decode(chunk, limit - len(body))
             if len(body) >= limit or raw >= limit * _RAW_FACTOR:
                 break
             if time.monotonic() > deadline:
                 raise httpx.ReadTimeout(
-                    f"the answer took longer than {self._deadline:g} s", request=request
+                    f"the answer took longer than {self._deadline:g} s", request=response.request
                 )
         return body
 

@@ -171,7 +171,7 @@ class WebhookProvider(PooledClient):
             )
         self._egress = Egress.from_options(config.options)
         guarded = transport if transport is not None else self._egress.transport()
-        super().__init__(config, guarded, follow_redirects=False)
+        super().__init__(config, guarded)
 
     def send(self, envelope: Envelope) -> outcomes.Outcome:
         if self._problem is not None:  # never send unsigned

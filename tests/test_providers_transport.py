@@ -1,6 +1,7 @@
-"""``Wire``, the adapters' default HTTP/1.1 transport, against real sockets: keep-alive and
-its limits, every way an exchange can fail classified by phase (not sent, or unknown), TLS,
-and the proxy fallback. The server side is a scripted socket server per test."""
+"""The adapters' client (``PooledClient``) on httpx's own transport, against real sockets:
+keep-alive and its limits, every way an exchange can fail classified by phase (not sent, or
+unknown), bounded answers, no cookies or redirects, TLS, and a proxy from the environment.
+The server side is a scripted socket server per test."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ import pytest
 from delivery.config.settings import ProviderConfig, Timeouts
 from delivery.pipeline.outcomes import Delivered, Permanent, Retryable, Unknown
 from delivery.providers.base import Envelope
-from delivery.providers.client import BODY_LIMIT
+from delivery.providers.client import BODY_LIMIT, PooledClient
 from delivery.providers.http import HttpProvider
-from delivery.providers.wire import Wire
+from delivery.providers.webhook import WebhookProvider
 
 ENVELOPE = Envelope("k-1", "sms", "+12015550123", {"body": "hi"})
 CREATED = (
@@ -125,12 +126,9 @@ def keep_answering(answer: bytes) -> Callable[[Server, socket.socket, int], None
     return fn
 
 
-def test_the_default_transport_is_wire_and_keeps_one_connection(
-    serve: Callable[..., Server],
-) -> None:
+def test_the_default_transport_keeps_one_connection(serve: Callable[..., Server]) -> None:
     server = serve(keep_answering(CREATED))
     p = provider(server.port)
-    assert isinstance(p._transport, Wire)
     outcomes = [p.send(ENVELOPE) for _ in range(50)]
     p.close()
     assert outcomes == [Delivered("msg_1", 201)] * 50
@@ -230,6 +228,8 @@ def test_a_connect_that_is_never_accepted_times_out_as_not_sent() -> None:
 
 
 def test_a_full_pool_waits_then_is_not_sent(serve: Callable[..., Server]) -> None:
+    """With every connection of the provider's pool busy, a send waits the pool timeout and
+    is not sent; the busy connection goes back to the pool when its answer is read."""
     release = threading.Event()
 
     def slow(server: Server, conn: socket.socket, n: int) -> None:
@@ -238,27 +238,24 @@ def test_a_full_pool_waits_then_is_not_sent(serve: Callable[..., Server]) -> Non
             conn.sendall(CREATED)
 
     server = serve(slow)
-    wire = Wire(max_connections=1)
-    request = httpx.Request(
-        "POST",
-        f"http://127.0.0.1:{server.port}/v1/messages",
-        content=b"{}",
-        extensions={"timeout": {"connect": 1, "write": 1, "read": 5, "pool": 0.3}},
+    config = ProviderConfig(
+        "p", "http", f"http://127.0.0.1:{server.port}", Timeouts(read=5, pool=0.3)
     )
-    first: list[httpx.Response] = []
-    holder = threading.Thread(target=lambda: first.append(wire.handle_request(request)))
+    client = PooledClient(config, base_url=config.base_url, limits=httpx.Limits(max_connections=1))
+    first: list[int] = []
+    holder = threading.Thread(
+        target=lambda: first.append(client._exchange("POST", "/v1/messages").status_code)
+    )
     holder.start()
     time.sleep(0.2)
-    with pytest.raises(httpx.PoolTimeout):
-        wire.handle_request(request)
+    outcome = client._post(lambda r: Delivered("x", 201), "/v1/messages")
+    assert isinstance(outcome, Retryable) and outcome.code == "NETWORK_PoolTimeout", outcome
     release.set()
     holder.join(5)
-    first[0].read()
-    first[0].close()
-    again = wire.handle_request(request)  # the connection came back to the pool
-    again.close()
-    wire.close()
-    assert server.accepted == 1
+    assert first == [201]
+    assert client._exchange("POST", "/v1/messages").status_code == 201
+    client.close()
+    assert server.accepted == 1 and len(server.requests) == 2
 
 
 @pytest.mark.parametrize(
@@ -331,73 +328,114 @@ def test_https_verifies_the_certificate_and_host_name(
     assert len(server.requests) == 3 and server.accepted == 2  # one refused, one kept
 
 
-def test_no_proxy_alone_keeps_wire(monkeypatch: pytest.MonkeyPatch) -> None:
-    """``NO_PROXY`` (common in containers) names no proxy: the adapters keep ``Wire``."""
-    for name in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.delenv("all_proxy", raising=False)
-    monkeypatch.setenv("NO_PROXY", "localhost,127.0.0.1")
-    p = HttpProvider(ProviderConfig("p", "http", "http://127.0.0.1:9", Timeouts()))
-    assert isinstance(p._transport, Wire)
-    p.close()
-
-
 def test_a_proxy_in_the_environment_is_honoured(
     serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """With ``HTTP_PROXY`` set the adapter sends through httpx's own transport, which asks the
-    proxy for the absolute URL."""
+    """With ``HTTP_PROXY`` set the adapter's client sends through httpx's proxy transport,
+    which asks the proxy for the absolute URL; the rest of the path is the same."""
     proxy = serve(keep_answering(CREATED))
     monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     p = HttpProvider(ProviderConfig("p", "http", "http://provider.invalid:8080", Timeouts()))
-    assert p._transport is None
     assert p.send(ENVELOPE) == Delivered("msg_1", 201)
     p.close()
     assert proxy.requests[0].startswith(b"POST http://provider.invalid:8080/v1/messages HTTP/1.1")
 
 
-def test_wire_under_an_httpx_client(serve: Callable[..., Server]) -> None:
-    """What a custom adapter gets with ``httpx.Client(transport=Wire())``: whole answers,
-    streamed ones, and a stream left half read closes its connection instead of reusing it."""
-    big = b"y" * 300_000
-    answer = b"HTTP/1.1 200 OK\r\nContent-Length: %d\r\n\r\n%s" % (len(big), big)
-    server = serve(keep_answering(answer))
-    with httpx.Client(base_url=f"http://127.0.0.1:{server.port}", transport=Wire()) as client:
-        assert client.post("/a", json={"x": 1}).content == big
-        assert client.get("/b", params={"q": "1 2"}).content == big
-        with client.stream("GET", "/c") as response:
-            first = next(response.iter_raw())
-            assert first and big.startswith(first) and len(first) < len(big)
-        assert client.get("/d").content == big
-    assert [r.split(b"\r\n")[0] for r in server.requests] == [
-        b"POST /a HTTP/1.1",
-        b"GET /b?q=1+2 HTTP/1.1",
-        b"GET /c HTTP/1.1",
-        b"GET /d HTTP/1.1",
-    ]
-    assert server.accepted == 2  # /a, /b and /c on one; /d after the half-read /c on another
+def test_a_webhook_connects_directly_whatever_the_proxy(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A webhook goes through its address guard, never the environment's proxy (the guard
+    checks the address it connects to)."""
+    proxy = serve(keep_answering(CREATED))
+    receiver = serve(keep_answering(b"HTTP/1.1 204 No Content\r\n\r\n"))
+    monkeypatch.setenv("HTTP_PROXY", f"http://127.0.0.1:{proxy.port}")
+    monkeypatch.setenv("T_HOOK", "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")
+    options = {"secret_env": "T_HOOK", "allow_networks": ["127.0.0.0/8"]}
+    hooks = WebhookProvider(ProviderConfig("h", "webhook", "", Timeouts(), options=options))
+    envelope = Envelope("k-1", "webhook", f"http://127.0.0.1:{receiver.port}/h", {"e": 1})
+    assert hooks.send(envelope) == Delivered(None, 204)
+    hooks.close()
+    assert len(receiver.requests) == 1 and proxy.requests == []
 
 
-def test_an_answer_open_while_wire_closes_closes_its_connection(
+def test_an_answer_open_while_the_client_closes_ends_and_closes_its_connection(
     serve: Callable[..., Server],
 ) -> None:
-    """``close`` with an answer still being read: that connection is closed when the answer
-    is, not put back among the idle ones of a transport nobody will close again."""
+    """``close`` while a send is still reading its answer: that send ends within its read
+    timeout as unknown, and its connection is closed, not kept."""
     ended = threading.Event()
 
     def fn(server: Server, conn: socket.socket, n: int) -> None:
-        while server.read(conn):
-            conn.sendall(CREATED)
-        ended.set()  # the client closed the connection
+        server.read(conn)
+        conn.sendall(b"HTTP/1.1 201 Created\r\nContent-Length: 100\r\n\r\n{")
+        while conn.recv(1):
+            pass  # until the client closes it
+        ended.set()
 
     server = serve(fn)
-    wire = Wire()
-    client = httpx.Client(base_url=f"http://127.0.0.1:{server.port}", transport=wire)
-    with client.stream("POST", "/a", json={"x": 1}) as response:
-        wire.close()
-        assert response.read() == b'{"id": "msg_1"}'
+    p = provider(server.port, read=1)
+    got: list[object] = []
+    sending = threading.Thread(target=lambda: got.append(p.send(ENVELOPE)))
+    sending.start()
+    time.sleep(0.3)
+    p.close()
+    sending.join(5)
+    assert len(got) == 1 and isinstance(got[0], Unknown), got
     assert ended.wait(5)
-    assert wire._idle == [] and wire._open == 0
-    client.close()
+
+
+def test_cookies_are_not_kept_and_redirects_not_followed(serve: Callable[..., Server]) -> None:
+    """A provider's ``Set-Cookie`` is never sent back, and a 3xx is its final answer."""
+    moved = (
+        b"HTTP/1.1 302 Found\r\nLocation: /elsewhere\r\nSet-Cookie: s=1; Path=/\r\n"
+        b"Content-Length: 0\r\n\r\n"
+    )
+    server = serve(keep_answering(moved))
+    p = provider(server.port)
+    outcomes = [p.send(ENVELOPE) for _ in range(2)]
+    p.close()
+    assert all(isinstance(o, Permanent) and o.code == "HTTP_302" for o in outcomes), outcomes
+    assert len(server.requests) == 2
+    assert all(b"/elsewhere" not in r and b"cookie:" not in r.lower() for r in server.requests)
+
+
+def test_a_gzip_bomb_on_the_wire_inflates_no_further_than_the_limit(
+    serve: Callable[..., Server],
+) -> None:
+    """A 64 MB gzip bomb (64 KB sent) is decoded up to the limit only; the connection, read
+    in part, is not reused."""
+    bomb = gzip.compress(b"\0" * (64 * 1024 * 1024), compresslevel=9)
+    head = b"HTTP/1.1 400 Bad\r\nContent-Encoding: gzip\r\nContent-Length: %d\r\n\r\n" % len(bomb)
+    server = serve(keep_answering(head + bomb))
+    p = provider(server.port)
+    started = time.monotonic()
+    outcomes = [p.send(ENVELOPE) for _ in range(2)]
+    p.close()
+    assert time.monotonic() - started < 5
+    assert all(isinstance(o, Permanent) and o.code == "HTTP_400" for o in outcomes), outcomes
+    assert server.accepted == 2
+
+
+def test_a_connection_on_a_descriptor_above_1024_is_reused(
+    serve: Callable[..., Server],
+) -> None:
+    """A busy worker holds many descriptors: the idle check before reuse works on a socket
+    numbered above 1024 (``select.select`` cannot), so keep-alive still holds."""
+    resource = pytest.importorskip("resource")
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip("the descriptor limit is below 1200")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    server = serve(keep_answering(CREATED))
+    held = [socket.socket() for _ in range(1100)]  # the client's socket comes after these
+    try:
+        p = provider(server.port)
+        assert [p.send(ENVELOPE) for _ in range(3)] == [Delivered("msg_1", 201)] * 3
+        p.close()
+    finally:
+        for s in held:
+            s.close()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    assert server.accepted == 1
