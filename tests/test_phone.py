@@ -7,8 +7,10 @@ form is expected and never echoes the number."""
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
+from unittest import mock
 
 import phonenumbers
 import pytest
@@ -211,3 +213,18 @@ def test_long_input_is_not_kept() -> None:
         assert ours("+1" + "2" * size) == ("to", WORDING)
     assert cache.cache_info().currsize == before
     assert cache.cache_info().maxsize is not None
+
+
+def test_numbers_from_every_region_compile_no_pattern_twice() -> None:
+    """The library keeps the patterns it compiled (``phonenumbers.enable_pattern_cache``):
+    checking every region's example numbers again asks ``re`` to compile nothing, where ``re``'s
+    own cache (512 patterns, shared with the whole process) would be overflowed and every check
+    recompile."""
+    numbers = [phonenumbers.format_number(n, PhoneNumberFormat.E164) for n in examples()]
+    for to in numbers:
+        validation._is_e164(to)
+    with mock.patch("re.compile", wraps=re.compile) as compile_:
+        for to in numbers:
+            validation._is_e164(to)
+    assert len(numbers) > 1_000
+    assert compile_.call_count == 0
