@@ -7,11 +7,11 @@ An SMS recipient is accepted when it already is the E.164 form of a number ``pho
 finds valid: ``parse``, ``is_valid_number`` and ``format_number(..., E164)`` give ``to``
 back unchanged. Every other input (no ``+``, spaces, letters, too short or long, an unknown
 country code, an invalid number, empty, not a string) gets the one error ``SMS_RECIPIENT``.
-The library's answer is cached per input string (``functools.lru_cache``, bounded), since it
-costs tens of microseconds a number and an app sends to the same numbers again. Importing this
-module calls ``phonenumbers.enable_pattern_cache()``: the library keeps the patterns of its
-metadata it has compiled (about 1,300, under 1 MiB) instead of leaving them to ``re``'s own
-cache of 512, which numbers from many regions would overflow (every check then recompiles)."""
+The library's answer is cached per input string (``functools.lru_cache``, bounded): parsing
+and validating are most of ``enqueue``'s own work, and an app sends to the same numbers again.
+Importing this module calls ``phonenumbers.enable_pattern_cache()``: the library keeps the
+metadata patterns it compiled instead of leaving them to ``re``'s own bounded cache, which
+numbers from many regions overflow (every check then recompiles)."""
 
 from __future__ import annotations
 
