@@ -44,9 +44,12 @@ class Case:
     says: str
 
 
+#: The one error for any wrong SMS recipient (tests/test_phone.py holds every case to it).
+PHONE = "is not a valid phone number in international form (E.164: +, country code and number"
+
 ENQUEUE_CASES = [
-    Case("SMS recipient not E.164 (no +)", dict(SMS, to="2015550123"), "to", "E.164"),
-    Case("SMS recipient not a valid number", dict(SMS, to="+1555"), "to", "phone number"),
+    Case("SMS recipient not E.164 (no +)", dict(SMS, to="2015550123"), "to", PHONE),
+    Case("SMS recipient not a valid number", dict(SMS, to="+1555"), "to", PHONE),
     Case(
         "email recipient not an address",
         dict(channel="email", to="ann(at)example.com", payload={"body": "x"}),

@@ -1,11 +1,22 @@
 """Checks on ``enqueue``'s input. Each failure raises ``InvalidMessage`` naming the field.
 
 A recipient is never echoed in the error (it would reach the caller's logs): the message
-says what is wrong with it, not what it is (G6)."""
+says what is wrong with it, not what it is (docs/concepts.md, "Enqueue").
+
+An SMS recipient is accepted when it already is the E.164 form of a number ``phonenumbers``
+finds valid: ``parse``, ``is_valid_number`` and ``format_number(..., E164)`` give ``to``
+back unchanged. Every other input (no ``+``, spaces, letters, too short or long, an unknown
+country code, an invalid number, empty, not a string) gets the one error ``SMS_RECIPIENT``.
+The library's answer is cached per input string (``functools.lru_cache``, bounded): parsing
+and validating are most of ``enqueue``'s own work, and an app sends to the same numbers again.
+Importing this module calls ``phonenumbers.enable_pattern_cache()``: the library keeps the
+metadata patterns it compiled instead of leaving them to ``re``'s own bounded cache, which
+numbers from many regions overflow (every check then recompiles)."""
 
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import hashlib
 import json
 import re
@@ -17,9 +28,10 @@ import phonenumbers
 from email_validator import EmailNotValidError, validate_email
 
 from delivery.errors import InvalidMessage
-from delivery.pipeline import bounds, phone
+from delivery.pipeline import bounds
 
 __all__ = [
+    "SMS_RECIPIENT",
     "canonical_json",
     "check_key",
     "check_payload",
@@ -95,23 +107,41 @@ def check_send_at(send_at: Any, now: dt.datetime) -> dt.datetime:
     return send_at.astimezone(dt.UTC)
 
 
+#: The one error for an SMS recipient that is not accepted, whatever is wrong with it.
+SMS_RECIPIENT = (
+    "is not a valid phone number in international form "
+    "(E.164: +, country code and number, digits only, like +14155550123)"
+)
+#: An E.164 form has at most 21 characters (+, a code of 1 to 3 digits, at most 17 more):
+#: longer input is still asked of the library, but not kept in the cache.
+_CACHED_LENGTH = 32
+
+
+def _is_e164(to: str) -> bool:
+    """True when ``phonenumbers`` finds ``to`` a valid number and ``to`` is its E.164 form."""
+    try:
+        number = phonenumbers.parse(to, None)
+    except phonenumbers.NumberParseException:
+        return False
+    return phonenumbers.is_valid_number(number) and (
+        phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164) == to
+    )
+
+
+_is_e164_cached = functools.lru_cache(maxsize=4096)(_is_e164)
+phonenumbers.enable_pattern_cache()
+
+
 def check_recipient(channel: str, to: Any) -> str:
     """The recipient in its canonical form for ``channel``."""
+    if channel == "sms":
+        if isinstance(to, str) and (
+            _is_e164_cached(to) if len(to) <= _CACHED_LENGTH else _is_e164(to)
+        ):
+            return to
+        raise InvalidMessage("to", SMS_RECIPIENT)
     if not isinstance(to, str) or not to.strip():
         raise InvalidMessage("to", "must be a non-empty string")
-    if channel == "sms":
-        if phone.accepts(to):  # already E.164 and valid: no parsing needed
-            return to
-        try:
-            number = phonenumbers.parse(to, None)
-        except phonenumbers.NumberParseException as exc:
-            raise InvalidMessage("to", f"is not an E.164 phone number: {exc}") from None
-        if not phonenumbers.is_valid_number(number):
-            raise InvalidMessage("to", "is not a valid phone number")
-        e164 = str(phonenumbers.format_number(number, phonenumbers.PhoneNumberFormat.E164))
-        if e164 != to:
-            raise InvalidMessage("to", "is not in E.164 form (+, country code, digits only)")
-        return e164
     if channel == "email":
         try:
             return str(validate_email(to, check_deliverability=False).normalized)
