@@ -77,7 +77,11 @@ def produce_delivery(engine: Any, n: int, prefix: str, per_tx: int = 1) -> None:
                 )
 
 
-def produce_alone(engine: Any, n: int, prefix: str, per_tx: int = 1) -> None:
+def produce_alone(engine: Any, n: int, prefix: str, per_tx: int = 1) -> float:
+    """Commit the business rows ``per_tx`` at a time, ``apply_async`` for each after its
+    commit; return when the first transaction's rows were flushed (where ``delivery``'s first
+    ``enqueue`` would be)."""
+    clock = 0.0
     for first in range(0, n, per_tx):
         with Session(engine) as s, s.begin():
             orders = [
@@ -86,8 +90,10 @@ def produce_alone(engine: Any, n: int, prefix: str, per_tx: int = 1) -> None:
             s.add_all(orders)
             s.flush()
             ids = [order.id for order in orders]
+            clock = clock or time.time()
         for i, order_id in zip(range(first, first + len(ids)), ids, strict=True):
             celery_alone.send.apply_async((order_id, to(i), {"body": f"code {i}"}, f"{prefix}-{i}"))
+    return clock
 
 
 def effects_total(stub: Any) -> int:
@@ -110,7 +116,7 @@ def one_run(
     flush_redis()
     stub.reset()
     monitor = make_engine(PG_URL, pool_size=1, max_overflow=0)
-    produce: Callable[[Any, int, str, int], None]
+    produce: Callable[[Any, int, str, int], object]
     started = []
     if path == "delivery":
         worker = procs.worker("delivery.worker", pool=pool, concurrency=concurrency, name="e2e")
@@ -190,6 +196,9 @@ def produce_backlog(engine: Any, n: int, prefix: str, path: str) -> None:
         outbox.set_nudge(nudge)
 
 
+#: Commits ``n`` messages keyed by ``prefix``; may return when the clock starts (``time.time()``).
+Produce = Callable[[Any, int, str], float | None]
+
 #: The backlog runs: (label, path, batch configuration, task events).
 BACKLOG_RUNS = [
     ("alone", "alone", None, True),
@@ -209,8 +218,19 @@ def backlog_run(
     pool: str,
     concurrency: int,
     messages: int,
+    produce: Produce | None = None,
 ) -> dict[str, Any]:
+    """One run of ``run`` (label, path, configuration, task events) on new processes: a
+    100-message warm-up, then ``messages`` committed by ``produce`` (by default
+    ``produce_backlog``; it may return when the clock starts, else it starts at the call)
+    until the stub's last accept."""
     label, path, config, events = run
+
+    def backlog(engine: Any, n: int, prefix: str) -> float | None:
+        produce_backlog(engine, n, prefix, path)
+        return None
+
+    commit = produce or backlog
     truncate(engine)
     flush_redis()
     stub.reset()
@@ -232,7 +252,7 @@ def backlog_run(
             )
         )
     try:
-        produce_backlog(engine, 100, "warm", path)
+        commit(engine, 100, "warm")
         wait_until(lambda: effects_total(stub) >= 100, 60, 0.1, "warm-up")
         truncate(engine)
         stub.reset()
@@ -250,7 +270,8 @@ def backlog_run(
         load = os.getloadavg()
         meter.start()
         t0 = time.time()
-        produce_backlog(engine, messages, "m", path)
+        t0 = commit(engine, messages, "m") or t0
+        app_seconds = time.time() - t0
         wait_until(lambda: effects_total(stub) >= messages, 900, 0.5, f"{messages} effects")
         cpu = meter.stop()
         accepts = [r["at"] for r in stub.requests() if r["outcome"] == "effect"]
@@ -266,6 +287,8 @@ def backlog_run(
         "run": label,
         "rate": round(messages / total, 1),
         "seconds": round(total, 3),
+        "app_seconds": round(app_seconds, 3),
+        "first_accept_seconds": round(min(accepts) - t0, 3),
         "cpu_ms_per_message": per,
         "cpu_ms_total": round(sum(v for k, v in per.items() if k != "stub"), 3),
         "load": [round(x, 2) for x in load],

@@ -19,6 +19,7 @@ ORDER = [
     "stub_capacity",
     "relay_publish",
     "end_to_end",
+    "app_way",
     "latency",
     "growth",
     "enqueue_cost",
