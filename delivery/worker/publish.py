@@ -35,7 +35,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 from celery import Task
 
@@ -71,13 +71,31 @@ def batches(claims: Sequence[Claim], size: int) -> list[list[Claim]]:
     return chunks
 
 
-def _destination(task: Task, args: tuple[Any, ...], priority: str) -> dict[str, Any]:
-    """``apply_async``'s routing options: none when a configured route names the task (Celery
-    routes it then), else the priority's queue."""
+class _Send(NamedTuple):
+    """One ``apply_async`` call of ``publish``."""
+
+    task: Task
+    args: tuple[Any, ...]
+    task_id: str
+    retries: int
+    priority: str
+    queue: str | None  # None: a configured route names the task
+
+
+def _plan(chunk: Sequence[Claim]) -> _Send:
+    first = chunk[0]
+    task: Task
+    args: tuple[Any, ...]
+    if len(chunk) == 1:
+        task, args = deliver, (first.id, first.key)
+        task_id, retries = first.key, first.attempts
+    else:
+        task, args = deliver_batch, ([[c.id, c.key] for c in chunk],)
+        task_id, retries = f"batch-{uuid.uuid4()}", 0
     router = app.amqp.router
-    if router.routes and router.lookup_route(task.name, args, {}, {}, task) is not None:
-        return {}
-    return {"queue": QUEUES.get(priority, QUEUE)}
+    routed = bool(router.routes) and router.lookup_route(task.name, args, {}, {}, task) is not None
+    queue = None if routed else QUEUES.get(first.priority, QUEUE)
+    return _Send(task, args, task_id, retries, first.priority, queue)
 
 
 def publish(claims: Sequence[Claim]) -> dict[str, int]:
@@ -86,33 +104,32 @@ def publish(claims: Sequence[Claim]) -> dict[str, int]:
     published: dict[str, int] = {}
     if not claims:
         return published
-    chunks = batches(claims, get_settings().batch_size)
+    sends = [_plan(chunk) for chunk in batches(claims, get_settings().batch_size)]
     with app.producer_or_acquire() as producer:
+        # Each queue is declared once a call, not once a task (kombu remembers what a
+        # connection declared, but binds a copy of the queue to ask); a routed task's queue
+        # is declared by Celery, as for any task.
+        for name in {send.queue for send in sends if send.queue is not None}:
+            producer.maybe_declare(app.amqp.queues[name], retry=True, **PUBLISH_RETRY)
         batch = getattr(producer, "batch", None)  # kombu >= 5.7
-        with batch(max_size=2 * len(chunks)) if batch else contextlib.nullcontext():
-            for chunk in chunks:
-                first = chunk[0]
-                task: Task
-                args: tuple[Any, ...]
-                if len(chunk) == 1:
-                    task, args = deliver, (first.id, first.key)
-                    task_id, retries = first.key, first.attempts
-                else:
-                    task, args = deliver_batch, ([[c.id, c.key] for c in chunk],)
-                    task_id, retries = f"batch-{uuid.uuid4()}", 0
-                task.apply_async(
-                    args,
-                    task_id=task_id,
+        with batch(max_size=2 * len(sends)) if batch else contextlib.nullcontext():
+            for send in sends:
+                route = {} if send.queue is None else {"queue": send.queue, "declare": []}
+                send.task.apply_async(
+                    send.args,
+                    task_id=send.task_id,
                     producer=producer,
                     # Flower's "retries": the attempts the message already had, so that a
                     # message published again does not start counting at 0.
-                    retries=retries,
+                    retries=send.retries,
                     retry=True,
                     retry_policy=PUBLISH_RETRY,
                     add_to_parent=False,  # a relay run as a task keeps no list of its tasks
-                    **_destination(task, args, first.priority),
+                    argsrepr=repr(send.args),  # ids and keys: nothing to shorten or hide
+                    kwargsrepr="{}",
+                    **route,
                 )
-                published[first.priority] = published.get(first.priority, 0) + 1
+                published[send.priority] = published.get(send.priority, 0) + 1
     return published
 
 
