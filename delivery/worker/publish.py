@@ -105,16 +105,20 @@ def publish(claims: Sequence[Claim]) -> dict[str, int]:
     if not claims:
         return published
     sends = [_plan(chunk) for chunk in batches(claims, get_settings().batch_size)]
+    declared: set[str] = set()
     with app.producer_or_acquire() as producer:
-        # Each queue is declared once a call, not once a task (kombu remembers what a
-        # connection declared, but binds a copy of the queue to ask); a routed task's queue
-        # is declared by Celery, as for any task.
-        for name in {send.queue for send in sends if send.queue is not None}:
-            producer.maybe_declare(app.amqp.queues[name], retry=True, **PUBLISH_RETRY)
         batch = getattr(producer, "batch", None)  # kombu >= 5.7
         with batch(max_size=2 * len(sends)) if batch else contextlib.nullcontext():
             for send in sends:
-                route = {} if send.queue is None else {"queue": send.queue, "declare": []}
+                route: dict[str, Any] = {}
+                if send.queue is not None:
+                    # The first task to a queue declares it, as apply_async does; the others
+                    # skip the check (kombu would bind a copy of the queue to ask). A routed
+                    # task's queue is declared by Celery, as for any task.
+                    route["queue"] = send.queue
+                    if send.queue in declared:
+                        route["declare"] = []
+                    declared.add(send.queue)
                 send.task.apply_async(
                     send.args,
                     task_id=send.task_id,
