@@ -110,8 +110,7 @@ def task_routes(routes: Any) -> Iterator[None]:
 
 
 def _carries_ids_and_keys_only(kw: dict[str, Any]) -> None:
-    """Nothing Celery publishes names the recipient or the payload (README: what the broker
-    sees)."""
+    """Nothing Celery publishes names the recipient or the payload (docs/concepts.md, G6)."""
     seen = json.dumps(
         {k: kw.get(k) for k in ("body", "headers", "properties", "exchange", "routing_key")},
         default=str,

@@ -129,8 +129,6 @@ def publish(claims: Sequence[Claim]) -> dict[str, int]:
                     retry=True,
                     retry_policy=PUBLISH_RETRY,
                     add_to_parent=False,  # a relay run as a task keeps no list of its tasks
-                    argsrepr=repr(send.args),  # ids and keys: nothing to shorten or hide
-                    kwargsrepr="{}",
                     **route,
                 )
                 published[send.priority] = published.get(send.priority, 0) + 1
