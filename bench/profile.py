@@ -41,7 +41,7 @@ COMPONENTS: list[tuple[str, tuple[str, ...]]] = [
     ("transition events / logging", ("delivery/observability/events.py", "logging/")),
     (
         "post-commit nudge (claim + publish)",
-        ("delivery/worker/deliver.py:_nudge", "_nudge (delivery/worker/deliver"),
+        ("delivery/worker/publish.py:_nudge", "_nudge (delivery/worker/publish"),
     ),
     ("enqueue (outbox insert, validation)", ("delivery/pipeline/outbox.py",)),
     ("database (SQLAlchemy + psycopg)", ("sqlalchemy/", "psycopg/")),

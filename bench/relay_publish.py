@@ -1,5 +1,7 @@
-"""Relay publish rate: 20,000 due rows published by the relay (claim + ``delivery.worker.publish``),
-rows per second, next to a plain loop of ``apply_async`` on the same broker in the same run.
+"""Relay publish rate: 20,000 due rows published by the relay (claim + ``delivery.worker.publish``,
+which sends each task with ``apply_async`` on one held producer and, on Redis, one pipeline
+per call), rows per second, next to a plain loop of ``apply_async`` on the same broker in the
+same run.
 
 Each round starts from a fresh outbox of due rows and an empty broker db; the relay runs
 ``relay_once`` with the configured claim batch (500) until every row is published, then reads
@@ -9,8 +11,10 @@ runs twice per round: with the default ``batch_size`` (a backlog travels as
 ``delivery.deliver`` task per row, the shape before batches, which the nudge still sends for a
 few rows). The baselines publish the same 20,000 ``delivery.deliver`` tasks (same args, task
 id = key) with ``apply_async``: one call per task, as an app would, with sent events off
-(Celery's default) and on (as ``delivery.worker.app`` configures them). The median of ``--rounds``
-rounds is reported; the ratios are against the faster baseline.
+(Celery's default) and on (as ``delivery.worker.app`` configures them, and as ``publish``
+sends them). A third relay row publishes with ``apply_async`` per row on a held producer but
+no pipeline: what the pipeline saves. The median of ``--rounds`` rounds is reported; the
+ratios are against the faster baseline.
 
     python -m bench.relay_publish [--rows 20000] [--rounds 3]
 """
@@ -44,11 +48,12 @@ from delivery.config.loading import load_settings
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.runtime.current import configure
 from delivery.worker.app import QUEUE, app
-from delivery.worker.deliver import deliver, publish
+from delivery.worker.deliver import deliver
+from delivery.worker.publish import publish
 
 
 def publish_via_apply_async(claims: Sequence[Claim]) -> None:
-    """The publisher before issue 5 (for reference): ``apply_async`` per row, held producer."""
+    """``apply_async`` per row on a held producer, without ``publish``'s pipeline (and batches)."""
     with app.producer_or_acquire() as producer:
         for claim in claims:
             deliver.apply_async(
@@ -109,7 +114,8 @@ def _check_message(expect_rows: dict[int, str]) -> dict[str, Any]:
 
 
 def check_same_as_apply_async() -> None:
-    """``publish`` sends the very message ``apply_async`` sends (but the delivery tag)."""
+    """``publish`` sends the very message a plain ``apply_async`` sends (but the delivery
+    tag): its options change nothing the worker reads."""
     client = redis.Redis.from_url(BROKER_URL)
     client.delete(QUEUE)
     app.conf.task_send_sent_event = False
@@ -173,7 +179,7 @@ def main() -> None:
         "relay_single": [],
         "apply_async": [],
         "apply_async_sent_events": [],
-        "relay_old_publish": [],
+        "relay_no_pipeline": [],
     }
     with session():
         engine = fresh_database()
@@ -192,7 +198,7 @@ def main() -> None:
             rates["apply_async_sent_events"].append(
                 time_apply_async(engine, args.rows, sent_events=True)
             )
-            rates["relay_old_publish"].append(
+            rates["relay_no_pipeline"].append(
                 time_relay(engine, args.rows, publish_via_apply_async)[0]
             )
             log("  " + ", ".join(f"{k} {v[-1]:,.0f}/s" for k, v in rates.items()))
@@ -204,7 +210,7 @@ def main() -> None:
         single = median(rates["relay_single"])
         plain = median(rates["apply_async"])
         events = median(rates["apply_async_sent_events"])
-        old = median(rates["relay_old_publish"])
+        old = median(rates["relay_no_pipeline"])
         baseline = max(plain, events)
         figures["ratio"] = round(relay / baseline, 3)
         rows = [
@@ -217,15 +223,17 @@ def main() -> None:
                 f"apply_async loop {plain:,.0f}/s (sent events on: {events:,.0f}/s)",
             ),
             row(
+                # apply_async per task, as the baseline: the held producer and the pipeline
+                # are all it saves, so it must not be slower than the loop.
                 "relay publish, one task per row (batch_size = 1)",
                 single / baseline,
-                ">= 3x",
-                single / baseline >= 3.0,
+                ">= 1x",
+                single / baseline >= 1.0,
                 f"{single:,.0f} rows/s",
                 "same baseline",
             ),
             row(
-                "relay with the previous publish (apply_async per row, held producer)",
+                "relay with apply_async per row, held producer, no pipeline",
                 old / baseline,
                 "",
                 None,

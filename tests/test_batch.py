@@ -22,8 +22,8 @@ from delivery.pipeline.relay import Claim
 from delivery.pipeline.transitions import Action
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
-from delivery.worker.deliver import batches
 from delivery.worker.leases import held_ids
+from delivery.worker.publish import batches
 from tests.conftest import RUN_DIR, drained
 from tests.factories import message_values
 

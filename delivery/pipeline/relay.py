@@ -50,7 +50,7 @@ class Claim(NamedTuple):
     attempts: int = 0
 
 
-#: Publishes claimed rows; what it returns is its own (``delivery.worker.deliver.publish``:
+#: Publishes claimed rows; what it returns is its own (``delivery.worker.publish.publish``:
 #: tasks per queue).
 Publisher = Callable[[Sequence[Claim]], object]
 

@@ -1,4 +1,4 @@
-"""``delivery.deliver``: one attempt for one message, and the publisher the relay uses.
+"""``delivery.deliver``: one attempt for one message (its publisher: ``delivery.worker.publish``).
 
 What each outcome looks like in Flower (events; the outbox row stays the record):
 
@@ -18,31 +18,21 @@ republishes (the relay publishes with the row's attempt count).
 
 from __future__ import annotations
 
-import contextlib
 import datetime as dt
 import logging
 import sys
-import uuid
-from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, NamedTuple
 
 from celery import Task
 from celery.exceptions import Ignore
 
 from delivery.errors import ConfigError
-from delivery.pipeline import outbox
-from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sender import Action
 from delivery.pipeline.sender import deliver as deliver_once
 from delivery.runtime.current import get_settings
-from delivery.worker.app import QUEUE, QUEUES, app, service
+from delivery.worker.app import app, service
 
-__all__ = ["BATCH", "DeadLettered", "announce", "batches", "deliver", "publish"]
-
-#: kombu's retry policy for one publish: about 1.5 s at most before the relay gives the rows back.
-PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 1.0}
-_EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+__all__ = ["BATCH", "DeadLettered", "announce", "deliver"]
 
 
 class DeadLettered(Exception):
@@ -100,130 +90,7 @@ def deliver(self: Task, message_id: int, key: str) -> str:
     return result.status or result.action.value
 
 
-class _Template(NamedTuple):
-    """What every message of one task shares, built once per process by Celery itself."""
-
-    headers: dict[str, Any]
-    options: dict[str, Any]
-    queues: list[Any]
-
-
 BATCH = "delivery.deliver_batch"
-_templates: dict[str, _Template] = {}
-
-
-def _message_template(name: str = "delivery.deliver") -> _Template:
-    template = _templates.get(name)
-    if template is None:
-        # Celery's own protocol-2 builder, so that the messages match what apply_async sends.
-        message = app.amqp.as_task_v2("-", name, (0, "-"), {}, ignore_result=True)
-        queue = app.amqp.queues[QUEUE]
-        options = dict(
-            exchange="",  # the default exchange: routing key = queue, no binding lookup
-            delivery_mode=queue.exchange.delivery_mode or app.conf.task_default_delivery_mode,
-            serializer=app.conf.task_serializer,
-            compression=app.conf.task_compression,
-            # A connection that died with the broker (restart, failover) is revived and the
-            # message sent again, briefly; past that the relay puts the rows back to pending.
-            retry=True,
-            retry_policy=PUBLISH_RETRY,
-            reply_to=app.thread_oid,  # as apply_async sets it (unused: results are ignored)
-        )
-        queues = [app.amqp.queues[name] for name in QUEUES.values()]
-        template = _templates[name] = _Template(dict(message.headers), options, queues)
-    return template
-
-
-def batches(claims: Sequence[Claim], size: int) -> list[list[Claim]]:
-    """Split ``claims`` into tasks: per queue, a backlog of at least ``size`` messages goes in
-    chunks of at most ``size`` of even length (120 at 50: 40 + 40 + 40, not 50 + 50 + 20);
-    fewer than ``size`` (a nudge, a quiet relay pass) go one per task (``delivery.deliver``),
-    spread over every worker slot as before, and latency never waits for a batch to fill."""
-    by_queue: dict[str, list[Claim]] = {}
-    for claim in claims:
-        by_queue.setdefault(claim.priority, []).append(claim)
-    chunks: list[list[Claim]] = []
-    for group in by_queue.values():
-        if size <= 1 or len(group) < size:
-            chunks.extend([claim] for claim in group)
-            continue
-        count = -(-len(group) // size)
-        step = -(-len(group) // count)
-        chunks.extend(group[i : i + step] for i in range(0, len(group), step))
-    return chunks
-
-
-def publish(claims: Sequence[Claim]) -> dict[str, int]:
-    """Publish the claimed rows: a ``delivery.deliver`` task for a message alone (args ``(id,
-    key)``, task id = key: Flower finds a message by its key), a ``delivery.deliver_batch``
-    task for up to ``batch_size`` messages of one queue (args ``([[id, key], ...],)``; its
-    worker sends Flower per-message events under each key, ``delivery.worker.batch``). Return the
-    tasks published per priority (the relay's back-pressure counts tasks).
-
-    Fast path for the relay and the nudge: one held producer connection, Celery protocol-2
-    messages built from a per-process template (no ``apply_async`` per task), sent to the
-    default exchange with the routing key of the message's queue (``delivery``, or
-    ``delivery.urgent`` / ``delivery.bulk`` by its type's priority) and, where kombu can
-    (``Producer.batch``, kombu >= 5.7 on Redis), buffered into one pipeline per call. No
-    ``task-sent`` events or publish signals are sent; the worker's events show the task in
-    Flower. A failure raises, and the relay puts the rows back to ``pending``."""
-    published: dict[str, int] = {}
-    if not claims:
-        return published
-    single, batch_template = _message_template(), _message_template(BATCH)
-    chunks = batches(claims, get_settings().batch_size)
-    with app.producer_or_acquire() as producer:
-        # kombu's own cache of what this connection declared, asked first: maybe_declare
-        # binds a copy of the queue before it looks (0.06 ms a queue, three per publish).
-        declared = getattr(producer.connection, "declared_entities", ())
-        for queue in single.queues:
-            if hash(queue) not in declared:
-                producer.maybe_declare(queue)
-        batch = getattr(producer, "batch", None)
-        with batch(max_size=max(len(chunks), 1)) if batch else contextlib.nullcontext():
-            for chunk in chunks:
-                first = chunk[0]
-                if len(chunk) == 1:
-                    args: tuple[Any, ...] = (first.id, first.key)
-                    task_id, retries, headers = first.key, first.attempts, single.headers
-                else:
-                    args = ([[c.id, c.key] for c in chunk],)
-                    task_id, retries, headers = f"batch-{uuid.uuid4()}", 0, batch_template.headers
-                producer.publish(
-                    (args, {}, _EMBED),
-                    headers={
-                        **headers,
-                        "id": task_id,
-                        "root_id": task_id,
-                        "argsrepr": repr(args),
-                        # Flower's "retries": the attempts the message already had, so a
-                        # republished message does not start counting again at 0.
-                        "retries": retries,
-                    },
-                    correlation_id=task_id,
-                    routing_key=QUEUES.get(first.priority, QUEUE),
-                    **single.options,
-                )
-                published[first.priority] = published.get(first.priority, 0) + 1
-    return published
-
-
-#: A nudge claims at most this many of the rows one commit made (``enqueue_many``); the beat
-#: relay publishes the rest within ``relay_interval``.
-NUDGE_MAX = 500
-
-
-def _nudge(engine: Any, ids: list[int]) -> None:
-    settings = get_settings()
-    ids = ids[:NUDGE_MAX]
-    relay_once(
-        engine,
-        publish,
-        batch=max(len(ids), 1),
-        lease=settings.dispatch_lease,
-        ids=ids,
-        max_batches=1,
-    )
 
 
 # Read the settings now, at start-up: a half-configured process (a database URL but no broker,
@@ -239,4 +106,3 @@ def _check_settings() -> None:
 
 
 _check_settings()
-outbox.set_nudge(_nudge)

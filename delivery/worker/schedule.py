@@ -32,8 +32,8 @@ from delivery.pipeline.leases import renew_queued
 from delivery.pipeline.relay import Claim, relay_once
 from delivery.pipeline.sweeper import sweep as sweep_once
 from delivery.worker.app import QUEUES, app, service
-from delivery.worker.deliver import publish
 from delivery.worker.metrics import metrics
+from delivery.worker.publish import publish
 
 __all__ = [
     "FLOOR",
