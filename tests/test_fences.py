@@ -19,10 +19,11 @@ from delivery.config.settings import ProviderConfig, Timeouts
 from delivery.errors import ConfigError
 from delivery.ops.repair import redrive
 from delivery.pipeline import outcomes
+from delivery.pipeline.attempt import PROVIDER_NOT_CONFIGURED
 from delivery.pipeline.models import attempts_table, messages_table, utcnow
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.relay import relay_once
-from delivery.pipeline.sender import PROVIDER_NOT_CONFIGURED, deliver
+from delivery.pipeline.sender import deliver
 from delivery.pipeline.settle import after_send
 from delivery.pipeline.sweeper import sweep
 from delivery.pipeline.transitions import Action, Result, Sending

@@ -31,8 +31,8 @@ from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Mapping
-from dataclasses import replace
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Connection
@@ -49,9 +49,8 @@ from delivery.pipeline.transitions import (
     Failure,
     Result,
     Sending,
-    attempt_row,
     finish,
-    finish_logged,
+    finish_sent,
     in_progress,
     log_attempt,
     move,
@@ -59,12 +58,21 @@ from delivery.pipeline.transitions import (
 )
 from delivery.runtime.service import Service
 
-__all__ = ["CIRCUIT_JITTER", "after_lookup", "after_send", "emit", "probe_wait"]
+__all__ = [
+    "CIRCUIT_JITTER",
+    "Sent",
+    "after_lookup",
+    "after_send",
+    "after_sends",
+    "emit",
+    "probe_wait",
+]
 
 CIRCUIT_JITTER = 1.0
 """Up to this many seconds are added to a wait for the breaker's next probe time."""
 
 _CHANGED = Result(Action.SKIP, reason="row changed while sending")
+_DONE_SENT = Result(Action.DONE, Status.SENT)
 _NO_BREAKER = Recorded()
 
 
@@ -101,6 +109,41 @@ def after_lookup(
     raise AssertionError(found)
 
 
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A call made: the message, its outcome, when the call started (``perf_counter``) and
+    what the breaker answered when it was recorded."""
+
+    msg: Sending
+    outcome: outcomes.Outcome
+    started: float
+    breaker: Recorded = _NO_BREAKER
+
+
+def after_sends(service: Service, calls: Sequence[Sent]) -> dict[int, Result]:
+    """Apply the outcome of each call (the table in the module docstring), by message id:
+    every delivery in one statement (``transitions.finish_sent``), each other outcome in its
+    own transaction with its attempt's row."""
+    results: dict[int, Result] = {}
+    delivered = [
+        (c.msg, c.outcome, (time.perf_counter() - c.started) * 1000.0)
+        for c in calls
+        if isinstance(c.outcome, outcomes.Delivered)
+    ]
+    if delivered:
+        postgresql = service.engine.dialect.name == "postgresql"
+        with service.autocommit.connect() if postgresql else service.engine.begin() as conn:
+            moved = finish_sent(conn, delivered)
+        for msg, _, _ in delivered:
+            if msg.id in moved:
+                emit(msg, Status.SENT, "delivered", enqueued_at=msg.enqueued_at)
+            results[msg.id] = _DONE_SENT if msg.id in moved else _CHANGED
+    for c in calls:
+        if not isinstance(c.outcome, outcomes.Delivered):
+            results[c.msg.id] = _after_failure(service, c)
+    return results
+
+
 def after_send(
     service: Service,
     msg: Sending,
@@ -108,18 +151,16 @@ def after_send(
     started: float,
     breaker: Recorded = _NO_BREAKER,
 ) -> Result:
-    """Apply a send's outcome (the table in the module docstring); ``breaker``: what the
-    provider's breaker answered when the outcome was recorded."""
-    if isinstance(outcome, outcomes.Delivered) and service.engine.dialect.name == "postgresql":
-        # The common case in one statement and one round trip (``finish_logged``).
-        attempt = attempt_row(msg, "send", outcome, (time.perf_counter() - started) * 1000.0)
-        with service.autocommit.connect() as conn:
-            return _sent(conn, msg, outcome.provider_ref, "delivered", attempt)
+    """``after_sends`` for one call; ``breaker``: what the provider's breaker answered when
+    the outcome was recorded."""
+    return after_sends(service, [Sent(msg, outcome, started, breaker)])[msg.id]
+
+
+def _after_failure(service: Service, call: Sent) -> Result:
+    msg, outcome, breaker = call.msg, call.outcome, call.breaker
     with service.engine.begin() as conn:
-        log_attempt(conn, msg, "send", outcome, started)
+        log_attempt(conn, msg, "send", outcome, call.started)
         match outcome:
-            case outcomes.Delivered(provider_ref=ref):
-                return _sent(conn, msg, ref, "delivered")
             case outcomes.Permanent(code=code, reason=reason):
                 return _stop(conn, msg, Failure(code, reason, "permanent", Status.DEAD))
             case outcomes.Retryable() if in_progress(outcome):
@@ -136,14 +177,8 @@ def after_send(
     raise AssertionError(outcome)
 
 
-def _sent(
-    conn: Connection,
-    msg: Sending,
-    ref: str | None,
-    outcome: str,
-    attempt: Mapping[str, Any] | None = None,
-) -> Result:
-    """``sending`` -> ``sent``; with ``attempt``, its row is written by the same statement."""
+def _sent(conn: Connection, msg: Sending, ref: str | None, outcome: str) -> Result:
+    """``sending`` -> ``sent`` after a lookup found the message."""
     done: dict[str, Any] = dict(
         provider_ref=ref,
         sent_at=sql_now(conn),  # the database's clock, inside the UPDATE
@@ -152,13 +187,9 @@ def _sent(
         last_error_code=None,
         last_error=None,
     )
-    if attempt is None:
-        moved = finish(conn, msg, Status.SENT, **done)
-    else:
-        moved = finish_logged(conn, msg, attempt, Status.SENT, **done)
-    if moved:
+    if finish(conn, msg, Status.SENT, **done):
         emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
-        return Result(Action.DONE, Status.SENT)
+        return _DONE_SENT
     return _CHANGED
 
 

@@ -9,8 +9,9 @@ and the conditional UPDATEs every transition of an attempt goes through.
   ``delivery.pipeline.lifeline``); ``finish`` moves this attempt's ``sending`` row; ``park``
   puts it back to wait; ``log_attempt`` writes the attempt's row. A new path (a batch, a
   lease renewal) gets a primitive of the same kind, not an inline UPDATE.
-- The batch path's primitives are in ``delivery.pipeline.batch_transitions``. ``extend_lease``
-  moves only a lease (a ``dispatched`` row waiting for its rate limit).
+- ``finish_sent``: ``sending`` -> ``sent`` for one message or many with their attempt rows, one
+  statement. ``extend_lease`` moves only a lease (a ``dispatched`` row waiting for its rate
+  limit).
 """
 
 from __future__ import annotations
@@ -19,22 +20,32 @@ import datetime as dt
 import enum
 import functools
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from sqlalchemy import (
+    BigInteger,
     ClauseElement,
     ColumnElement,
     Connection,
+    DateTime,
+    Float,
+    Integer,
+    String,
+    Text,
+    any_,
     bindparam,
+    func,
     insert,
+    select,
     update,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from delivery.config.settings import Backoff, Settings
-from delivery.pipeline.models import attempts_table, messages_table, utcnow
-from delivery.pipeline.outcomes import LookupOutcome, Outcome, Retryable
+from delivery.pipeline.models import UTCDateTime, attempts_table, messages_table, utcnow
+from delivery.pipeline.outcomes import Delivered, LookupOutcome, Outcome, Retryable
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
 
@@ -47,7 +58,7 @@ __all__ = [
     "attempt_row",
     "extend_lease",
     "finish",
-    "finish_logged",
+    "finish_sent",
     "in_progress",
     "log_attempt",
     "move",
@@ -247,25 +258,86 @@ def finish(conn: Connection, msg: Sending, status: Status, **values: object) -> 
     return move(conn, msg.id, msg.attempt, Status.SENDING, status, **values)
 
 
-def finish_logged(
-    conn: Connection, msg: Sending, attempt: Mapping[str, Any], status: Status, **values: object
-) -> bool:
-    """``log_attempt`` and ``finish`` in one statement, for PostgreSQL in autocommit: the
-    fenced UPDATE carries the attempt's INSERT as a data-modifying CTE, which runs whether
-    or not the fence holds (the attempt was made either way). One round trip where the two
-    statements in a transaction take four (BEGIN, INSERT, UPDATE, COMMIT); atomic all the
-    same."""
-    fence = (msg.id, msg.attempt, Status.SENDING)
-    changes = _changes(status, values)
-    params = _move_params(fence, changes) | {f"attempt_{k}": v for k, v in attempt.items()}
-    statement = _logged(_move_statement(changes), tuple(attempt))
-    return bool(conn.execute(statement, params).rowcount)
+def finish_sent(conn: Connection, sent: Sequence[tuple[Sending, Delivered, float]]) -> set[int]:
+    """``sending`` -> ``sent`` for each ``(message in flight, its delivery, the call's latency
+    in ms)``, fenced per row on this attempt, together with each call's attempt row; the ids
+    it moved. ``sent_at`` is the database's clock.
+
+    On PostgreSQL one statement, whatever the number of rows, and durable in autocommit: an
+    ``UPDATE .. FROM unnest(one array per column)`` whose data-modifying CTE inserts the
+    attempt rows (written whether or not a fence holds: the calls were made either way), its
+    rows locked in id order (two overlapping statements wait, never deadlock). Elsewhere
+    (SQLite) one INSERT and one ``move`` per row: run it in a transaction."""
+    if not sent:
+        return set()
+    attempts = [attempt_row(msg, "send", outcome, latency) for msg, outcome, latency in sent]
+    if conn.dialect.name != "postgresql":
+        conn.execute(insert(attempts_table), attempts)
+        done = dict(_SENT, sent_at=utcnow())
+        return {
+            msg.id
+            for msg, outcome, _ in sent
+            if finish(conn, msg, Status.SENT, provider_ref=outcome.provider_ref, **done)
+        }
+    params: dict[str, Any] = {
+        "ids": [msg.id for msg, _, _ in sent],
+        "seen": [msg.attempt for msg, _, _ in sent],
+        "refs": [outcome.provider_ref for _, outcome, _ in sent],
+        "b_now": utcnow(),
+    }
+    params |= {f"a_{name}": [row[name] for row in attempts] for name in _ATTEMPT_COLUMNS}
+    return set(conn.scalars(_sent_statement(), params))
 
 
-@functools.lru_cache(maxsize=16)
-def _logged(move_statement: Any, columns: tuple[str, ...]) -> Any:
-    row = {c: bindparam(f"attempt_{c}", type_=attempts_table.c[c].type) for c in columns}
-    return move_statement.add_cte(insert(attempts_table).values(row).cte("attempt"))
+#: What ``sent`` clears, on every path to it.
+_SENT: dict[str, Any] = dict(
+    lease_expires_at=None, needs_lookup=False, last_error_code=None, last_error=None
+)
+
+_ATTEMPT_COLUMNS: dict[str, Any] = {
+    "message_id": BigInteger(),
+    "number": Integer(),
+    "kind": String(),
+    "outcome": String(),
+    "started_at": DateTime(timezone=True),
+    "http_status": Integer(),
+    "latency_ms": Float(),
+    "error_code": String(),
+    "error": Text(),
+}
+
+
+def _unnest(name: str, *columns: tuple[str, Any]) -> Any:
+    """A table of bound arrays, one column each (``unnest(:a, :b) AS name(a, b)``): one
+    statement whatever the number of rows."""
+    arrays = [bindparam(column, type_=ARRAY(kind)) for column, kind in columns]
+    return func.unnest(*arrays).table_valued(*(n for n, _ in columns)).render_derived(name=name)
+
+
+@functools.cache
+def _sent_statement() -> Any:
+    m = messages_table.c
+    rows = _unnest("v", ("ids", BigInteger()), ("seen", Integer()), ("refs", String()))
+    logged = _unnest("a", *((f"a_{n}", kind) for n, kind in _ATTEMPT_COLUMNS.items()))
+    log = insert(attempts_table).from_select(list(_ATTEMPT_COLUMNS), select(*logged.c))
+    wanted = m.id == any_(bindparam("ids", type_=ARRAY(BigInteger())))
+    # Locked in id order, the locking subquery run once (``= ANY(ARRAY(..))``; under ``IN``
+    # it ran once per row of the table's status).
+    locked = select(m.id).where(wanted).order_by(m.id).with_for_update()
+    return (
+        update(messages_table)
+        .where(m.id == rows.c.ids, m.status == Status.SENDING.value, m.attempts == rows.c.seen)
+        .where(m.id == any_(func.array(locked.scalar_subquery())))
+        .values(
+            status=Status.SENT.value,
+            updated_at=bindparam("b_now", type_=UTCDateTime()),
+            provider_ref=rows.c.refs,
+            sent_at=func.clock_timestamp(type_=UTCDateTime()),
+            **_SENT,
+        )
+        .returning(m.id)
+        .add_cte(log.cte("attempt"))
+    )
 
 
 def park(

@@ -1,0 +1,262 @@
+"""One attempt at one message, from the row its task read: the checks, the breaker, the take,
+the call. ``delivery.pipeline.sender`` runs it for every message of a task (a message alone is
+a task of one), each on a thread of the send pool, and settles what it returns.
+
+In order, each step only once the previous one let the message through:
+
+1. Its provider must still be configured (else ``dead``, ``PROVIDER_NOT_CONFIGURED``, without
+   a call); it must be due (a task that fired early waits or does nothing) and within its
+   time-to-live (else ``expired``, never sent late).
+2. The provider's rate limit (``delivery.guards.ratelimit``): over it, the row stays
+   ``dispatched`` and the task comes back when a token is there.
+3. The provider's circuit breaker (``delivery.guards.breaker``), asked *here*, right before
+   the request would leave, by the thread that makes it: while it is open (or half-open with
+   its probe taken) the row goes back to ``pending`` until the next probe time plus up to
+   ``CIRCUIT_JITTER`` s, ``CIRCUIT_OPEN``, no attempt spent. So however many messages a task
+   carries, a send that has not left when the breaker opens is parked, not sent: an outage
+   costs the run that trips it, one send per slot already under way and the probes
+   (docs/concepts.md, "Circuit breaker").
+4. The take: ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit, durable
+   *before* the request leaves (G2), with a lease of ``hold_lease`` s that the worker's lease
+   keeper renews while the call runs, up to ``send_lease`` (``delivery.pipeline.leases``). A
+   row someone else moved meanwhile is not sent.
+5. A row flagged ``needs_lookup`` is looked up first if its provider can be asked
+   (``supports_lookup``); otherwise it is sent again with the same key. The call goes through
+   ``delivery.providers.calls`` (any exception or stray value becomes an outcome, bounded and
+   with the recipient masked) and is recorded in the breaker.
+
+Due times and leases are compared and written on the database's clock, read with the rows
+(``delivery.pipeline.clock``) and carried forward by this host's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row
+
+from delivery.guards.breaker import Permit, Verdict
+from delivery.observability.events import Transition, emit
+from delivery.pipeline.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
+from delivery.pipeline.policies import UnknownPolicy
+from delivery.pipeline.settle import Sent, after_lookup, probe_wait
+from delivery.pipeline.status import Status
+from delivery.pipeline.transitions import Action, Result, Sending, extend_lease, move
+from delivery.providers import calls
+from delivery.providers.base import Envelope
+from delivery.runtime.service import Service
+
+__all__ = [
+    "CIRCUIT_OPEN",
+    "EXPIRED",
+    "PROVIDER_NOT_CONFIGURED",
+    "RATE_LIMITED",
+    "Clock",
+    "attempt",
+    "breaker_verdict",
+]
+
+CIRCUIT_OPEN = "CIRCUIT_OPEN"
+EXPIRED = "EXPIRED"
+PROVIDER_NOT_CONFIGURED = "PROVIDER_NOT_CONFIGURED"
+RATE_LIMITED = "RATE_LIMITED"
+
+_TAKEN = Result(Action.SKIP, reason="taken by another worker")
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """The database's time as read with the rows (``at``), carried forward on this host's
+    monotonic clock from the moment it was read (``read``)."""
+
+    at: dt.datetime
+    read: float
+
+    def now(self) -> dt.datetime:
+        return self.at + dt.timedelta(seconds=time.monotonic() - self.read)
+
+
+def attempt(service: Service, row: Row[Any], clock: Clock) -> Result | Sent:
+    """Make one attempt at the ``dispatched`` ``row`` (the steps of the module docstring): the
+    call it made (``Sent``, to settle), or the ``Result`` of a message that was not sent or
+    was settled by its lookup."""
+    now = clock.now()
+    if row.provider not in service.settings.providers:
+        return _not_configured(service, row)
+    early = (row.next_attempt_at - now).total_seconds()
+    if early > 0:
+        # A duplicate task, or a countdown that fired early: never send before the due time.
+        if early < 1.0:
+            return Result(Action.RETRY, status=row.status, delay=early, reason="not due yet")
+        return Result(Action.SKIP, status=row.status, reason="not due yet")
+    if row.expires_at is not None and now >= row.expires_at:
+        return _expire(service, row)
+    limiter = service.limiter(row.provider)
+    wait = limiter.acquire() if limiter is not None else 0.0
+    if wait > 0:
+        return _rate_limited(service, row, wait, now)
+
+    breaker = service.breaker(row.provider)
+    permit = breaker.allow()
+    if not permit.allowed:
+        return _circuit_open(service, row, permit, now)
+    number = row.attempts + 1
+    with service.autocommit.connect() as conn:  # one UPDATE, committed when it returns (G2)
+        taken = move(
+            conn,
+            row.id,
+            row.attempts,
+            Status.DISPATCHED,
+            Status.SENDING,
+            attempts=number,
+            # Short: the worker renews it while the call runs, up to send_lease after this
+            # take (delivery.pipeline.leases); a killed worker's send comes back in seconds.
+            lease_expires_at=clock.now() + dt.timedelta(seconds=service.settings.hold_lease),
+        )
+    if not taken:
+        breaker.release(permit)
+        return _TAKEN
+    emit(Transition(row.id, row.key, row.provider, Status.DISPATCHED, Status.SENDING, number))
+
+    provider = service.provider(row.provider)
+    envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
+    msg = _in_flight(service, row, number)
+    # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
+    if row.needs_lookup and getattr(provider, "supports_lookup", True):
+        started = time.perf_counter()
+        found = calls.lookup(provider, envelope)
+        if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
+            breaker.record(permit, breaker_verdict(found))
+        settled = after_lookup(service, msg, found, started)
+        if settled is not None:
+            return settled
+    started = time.perf_counter()
+    outcome = calls.send(provider, envelope)
+    return Sent(msg, outcome, started, breaker.record(permit, breaker_verdict(outcome)))
+
+
+def _in_flight(service: Service, row: Row[Any], number: int) -> Sending:
+    """The frozen description of ``row`` taken for attempt number ``number``."""
+    kind = service.settings.types.get(row.message_type or "")
+    return Sending(
+        row.id,
+        row.key,
+        row.provider,
+        number,
+        row.max_attempts,
+        UnknownPolicy(row.on_unknown),
+        kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
+        row.created_at,
+        getattr(service.provider(row.provider), "in_progress_wait", None),
+    )
+
+
+def breaker_verdict(outcome: Outcome | LookupOutcome) -> Verdict:
+    """What one outcome says about the provider's health (``delivery.guards.breaker``):
+    unknown (no answer after the request was written) and retryable answers are failures,
+    except a 409 ``IDEMPOTENCY_IN_PROGRESS`` (the provider is up, busy with our earlier
+    attempt); a delivery or a lookup that answered (found, absent, or found undeliverable)
+    is a success; a permanent answer (4xx) and a failed lookup are neutral."""
+    if isinstance(outcome, Unknown):
+        return Verdict.FAILURE
+    if isinstance(outcome, Retryable):
+        in_progress = outcome.code == "IDEMPOTENCY_IN_PROGRESS"
+        return Verdict.NEUTRAL if in_progress else Verdict.FAILURE
+    if outcome.kind in ("delivered", "found", "absent", "undeliverable"):
+        return Verdict.SUCCESS
+    return Verdict.NEUTRAL
+
+
+@dataclass(frozen=True, slots=True)
+class _Leave:
+    """A ``dispatched`` row leaving without an attempt: where to, and what to log and store."""
+
+    to: Status
+    outcome: str
+    code: str
+    reason: str
+    delay: float | None = None
+
+
+def _leave_dispatched(service: Service, row: Row[Any], leave: _Leave, **values: object) -> bool:
+    """Move a row this worker never took out of ``dispatched`` (no attempt spent) and emit the
+    transition; False if someone else moved it first."""
+    with service.autocommit.connect() as conn:
+        done = move(
+            conn,
+            row.id,
+            row.attempts,
+            Status.DISPATCHED,
+            leave.to,
+            lease_expires_at=None,
+            last_error_code=leave.code,
+            last_error=leave.reason,
+            **values,
+        )
+    if done:
+        emit(
+            Transition(
+                row.id,
+                row.key,
+                row.provider,
+                Status.DISPATCHED,
+                leave.to,
+                row.attempts,
+                leave.outcome,
+                leave.code,
+                leave.delay,
+            )
+        )
+    return done
+
+
+def _expire(service: Service, row: Row[Any]) -> Result:
+    """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
+    reason = "time-to-live passed before it could be sent"
+    if not _leave_dispatched(service, row, _Leave(Status.EXPIRED, "expired", EXPIRED, reason)):
+        return _TAKEN
+    return Result(Action.DONE, Status.EXPIRED, code=EXPIRED)
+
+
+def _not_configured(service: Service, row: Row[Any]) -> Result:
+    """A message whose provider is no longer configured can never be sent: it ends ``dead``
+    with ``PROVIDER_NOT_CONFIGURED`` (redrive it once the provider is back) instead of
+    cycling between ``dispatched`` and ``pending``."""
+    reason = f"provider {row.provider!r} is not configured (DELIVERY_CONFIG [providers])"
+    leave = _Leave(Status.DEAD, "permanent", PROVIDER_NOT_CONFIGURED, reason)
+    if not _leave_dispatched(service, row, leave):
+        return _TAKEN
+    return Result(Action.DONE, Status.DEAD, code=PROVIDER_NOT_CONFIGURED, reason=reason)
+
+
+def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime) -> Result:
+    """Over the provider's rate: come back when a token is there (plus a little jitter so
+    that waiting workers do not all return at once). The row stays ``dispatched``; only its
+    lease is extended when the wait would outlast it."""
+    provider, lease = row.provider, row.lease_expires_at
+    delay = wait + service.rng.uniform(0.0, min(wait, 1.0))
+    if lease is not None and lease < now + dt.timedelta(seconds=delay + 5.0):
+        until = now + dt.timedelta(seconds=delay + service.settings.hold_lease)
+        with service.autocommit.connect() as conn:
+            extend_lease(conn, row.id, row.attempts, until)
+    return Result(
+        Action.RETRY, Status.DISPATCHED, delay, RATE_LIMITED, f"provider {provider!r} rate limit"
+    )
+
+
+def _circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.datetime) -> Result:
+    """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
+    without spending an attempt."""
+    wait = probe_wait(service, permit.retry_at)
+    due = now + dt.timedelta(seconds=wait)
+    reason = (
+        f"circuit breaker of provider {row.provider!r} is {permit.state}; "
+        f"next try at {due.isoformat(timespec='seconds')}"
+    )
+    leave = _Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
+    if not _leave_dispatched(service, row, leave, next_attempt_at=due):
+        return _TAKEN
+    return Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)
