@@ -8,8 +8,9 @@ In the order a message meets them:
 - ``relay``: claims due ``pending`` rows (``dispatched`` + lease) and hands them to a publisher.
 - ``sender``: what a worker's task does, for one message or a batch (one path), answering a
   closed ``Action`` per message; ``attempt``: one message's checks, breaker, take and call;
-  ``settle``: what an outcome does to the row; ``transitions`` holds the conditional-update
-  primitives; ``leases``: what a live worker renews.
+  ``settle``: what an outcome does to the row; ``transitions``: the one room that writes a
+  message's status (each transition a named function that emits its event; the relay, the
+  sweeper and ``delivery.ops`` call it too); ``leases``: what a live worker renews.
 - ``sweeper``: recovers rows whose lease expired and expires rows past their time-to-live.
 
 And what they share: ``models`` (the schema; its migrations are ``delivery/migrations``),

@@ -39,12 +39,13 @@ from typing import Any
 from sqlalchemy import Row
 
 from delivery.guards.breaker import Permit, Verdict
-from delivery.observability.events import Transition, emit
 from delivery.pipeline.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.settle import Sent, after_lookup, probe_wait
 from delivery.pipeline.status import Status
-from delivery.pipeline.transitions import Action, Result, Sending, extend_lease, move
+from delivery.pipeline.transitions import Action, Result, Sending
+from delivery.pipeline.transitions.recovery import EXPIRED
+from delivery.pipeline.transitions.worker import Leave, extend_lease, leave, take
 from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
@@ -60,7 +61,6 @@ __all__ = [
 ]
 
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
-EXPIRED = "EXPIRED"
 PROVIDER_NOT_CONFIGURED = "PROVIDER_NOT_CONFIGURED"
 RATE_LIMITED = "RATE_LIMITED"
 
@@ -103,27 +103,18 @@ def attempt(service: Service, row: Row[Any], clock: Clock) -> Result | Sent:
     permit = breaker.allow()
     if not permit.allowed:
         return _circuit_open(service, row, permit, now)
-    number = row.attempts + 1
+    # Short: the worker renews it while the call runs, up to send_lease after this take
+    # (delivery.pipeline.leases); a killed worker's send comes back in seconds.
+    lease = clock.now() + dt.timedelta(seconds=service.settings.hold_lease)
     with service.autocommit.connect() as conn:  # one UPDATE, committed when it returns (G2)
-        taken = move(
-            conn,
-            row.id,
-            row.attempts,
-            Status.DISPATCHED,
-            Status.SENDING,
-            attempts=number,
-            # Short: the worker renews it while the call runs, up to send_lease after this
-            # take (delivery.pipeline.leases); a killed worker's send comes back in seconds.
-            lease_expires_at=clock.now() + dt.timedelta(seconds=service.settings.hold_lease),
-        )
+        taken = take(conn, row, lease)
     if not taken:
         breaker.release(permit)
         return _TAKEN
-    emit(Transition(row.id, row.key, row.provider, Status.DISPATCHED, Status.SENDING, number))
 
     provider = service.provider(row.provider)
     envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
-    msg = _in_flight(service, row, number)
+    msg = _in_flight(service, row, row.attempts + 1)
     # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
     if row.needs_lookup and getattr(provider, "supports_lookup", True):
         started = time.perf_counter()
@@ -170,53 +161,15 @@ def breaker_verdict(outcome: Outcome | LookupOutcome) -> Verdict:
     return Verdict.NEUTRAL
 
 
-@dataclass(frozen=True, slots=True)
-class _Leave:
-    """A ``dispatched`` row leaving without an attempt: where to, and what to log and store."""
-
-    to: Status
-    outcome: str
-    code: str
-    reason: str
-    delay: float | None = None
-
-
-def _leave_dispatched(service: Service, row: Row[Any], leave: _Leave, **values: object) -> bool:
-    """Move a row this worker never took out of ``dispatched`` (no attempt spent) and emit the
-    transition; False if someone else moved it first."""
+def _leave_dispatched(service: Service, row: Row[Any], why: Leave, **values: object) -> bool:
     with service.autocommit.connect() as conn:
-        done = move(
-            conn,
-            row.id,
-            row.attempts,
-            Status.DISPATCHED,
-            leave.to,
-            lease_expires_at=None,
-            last_error_code=leave.code,
-            last_error=leave.reason,
-            **values,
-        )
-    if done:
-        emit(
-            Transition(
-                row.id,
-                row.key,
-                row.provider,
-                Status.DISPATCHED,
-                leave.to,
-                row.attempts,
-                leave.outcome,
-                leave.code,
-                leave.delay,
-            )
-        )
-    return done
+        return leave(conn, row, why, **values)
 
 
 def _expire(service: Service, row: Row[Any]) -> Result:
     """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
     reason = "time-to-live passed before it could be sent"
-    if not _leave_dispatched(service, row, _Leave(Status.EXPIRED, "expired", EXPIRED, reason)):
+    if not _leave_dispatched(service, row, Leave(Status.EXPIRED, "expired", EXPIRED, reason)):
         return _TAKEN
     return Result(Action.DONE, Status.EXPIRED, code=EXPIRED)
 
@@ -226,7 +179,7 @@ def _not_configured(service: Service, row: Row[Any]) -> Result:
     with ``PROVIDER_NOT_CONFIGURED`` (redrive it once the provider is back) instead of
     cycling between ``dispatched`` and ``pending``."""
     reason = f"provider {row.provider!r} is not configured (DELIVERY_CONFIG [providers])"
-    leave = _Leave(Status.DEAD, "permanent", PROVIDER_NOT_CONFIGURED, reason)
+    leave = Leave(Status.DEAD, "permanent", PROVIDER_NOT_CONFIGURED, reason)
     if not _leave_dispatched(service, row, leave):
         return _TAKEN
     return Result(Action.DONE, Status.DEAD, code=PROVIDER_NOT_CONFIGURED, reason=reason)
@@ -256,7 +209,7 @@ def _circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.datet
         f"circuit breaker of provider {row.provider!r} is {permit.state}; "
         f"next try at {due.isoformat(timespec='seconds')}"
     )
-    leave = _Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
+    leave = Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
     if not _leave_dispatched(service, row, leave, next_attempt_at=due):
         return _TAKEN
     return Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)

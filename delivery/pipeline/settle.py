@@ -24,7 +24,8 @@ lease, fenced on this attempt, and go on and send (nothing is sent if the row is
 this attempt's: a lookup that outlived the lease); ``LookupFailed`` -> wait and look again
 (``unknown`` once the attempts are spent); ``Undeliverable`` (the provider has it and
 reports that it can never reach the recipient) -> ``dead`` with the provider's code.
-Every move goes through ``delivery.pipeline.transitions`` and emits a ``Transition``.
+Every move is a transition of ``delivery.pipeline.transitions.worker``, which emits its
+``Transition``.
 """
 
 from __future__ import annotations
@@ -33,29 +34,18 @@ import datetime as dt
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Any
 
 from sqlalchemy import Connection
 
 from delivery.guards.breaker import Recorded
-from delivery.observability import events
 from delivery.pipeline import outcomes
 from delivery.pipeline.backoff import compute_backoff
-from delivery.pipeline.clock import db_now, sql_now
+from delivery.pipeline.clock import db_now
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
-from delivery.pipeline.transitions import (
-    Action,
-    Failure,
-    Result,
-    Sending,
-    finish,
-    finish_sent,
-    in_progress,
-    log_attempt,
-    move,
-    park,
-)
+from delivery.pipeline.transitions import Action, Failure, Result, Sending, in_progress
+from delivery.pipeline.transitions.attempts import log_attempt
+from delivery.pipeline.transitions.worker import Accepted, finish_sent, park, renew, stop
 from delivery.runtime.service import Service
 
 __all__ = [
@@ -64,7 +54,6 @@ __all__ = [
     "after_lookup",
     "after_send",
     "after_sends",
-    "emit",
     "probe_wait",
 ]
 
@@ -80,27 +69,17 @@ def after_lookup(
     service: Service, msg: Sending, found: outcomes.LookupOutcome, started: float
 ) -> Result | None:
     """Apply a lookup's answer; ``None`` means the key is absent: go on and send."""
+    if isinstance(found, outcomes.Found):
+        return _sent(service, [(msg, "lookup", found, _ms_since(started))])[msg.id]
     with service.engine.begin() as conn:
         log_attempt(conn, msg, "lookup", found, started)
         match found:
-            case outcomes.Found(provider_ref=ref):
-                return _sent(conn, msg, ref, "found")
             case outcomes.Absent():
                 # Ours still? The lookup may have outlived the lease: the row may have been
                 # recovered and taken by another worker. Renew the lease (fenced on this
                 # attempt) before sending, or send nothing.
                 lease = db_now(conn) + dt.timedelta(seconds=service.settings.send_lease)
-                if move(
-                    conn,
-                    msg.id,
-                    msg.attempt,
-                    Status.SENDING,
-                    Status.SENDING,
-                    lease_expires_at=lease,
-                    needs_lookup=False,
-                ):
-                    return None
-                return _CHANGED
+                return None if renew(conn, msg, lease) else _CHANGED
             case outcomes.LookupFailed(code=code, reason=reason):
                 failure = Failure(code, reason, "lookup_failed", Status.UNKNOWN)
                 return _retry_or_stop(service, conn, msg, failure)
@@ -124,24 +103,32 @@ def after_sends(service: Service, calls: Sequence[Sent]) -> dict[int, Result]:
     """Apply the outcome of each call (the table in the module docstring), by message id:
     every delivery in one statement (``transitions.finish_sent``), each other outcome in its
     own transaction with its attempt's row."""
-    results: dict[int, Result] = {}
-    delivered = [
-        (c.msg, c.outcome, (time.perf_counter() - c.started) * 1000.0)
-        for c in calls
-        if isinstance(c.outcome, outcomes.Delivered)
-    ]
-    if delivered:
-        postgresql = service.engine.dialect.name == "postgresql"
-        with service.autocommit.connect() if postgresql else service.engine.begin() as conn:
-            moved = finish_sent(conn, delivered)
-        for msg, _, _ in delivered:
-            if msg.id in moved:
-                emit(msg, Status.SENT, "delivered", enqueued_at=msg.enqueued_at)
-            results[msg.id] = _DONE_SENT if msg.id in moved else _CHANGED
+    results = _sent(
+        service,
+        [
+            (c.msg, "send", c.outcome, _ms_since(c.started))
+            for c in calls
+            if isinstance(c.outcome, outcomes.Delivered)
+        ],
+    )
     for c in calls:
         if not isinstance(c.outcome, outcomes.Delivered):
             results[c.msg.id] = _after_failure(service, c)
     return results
+
+
+def _sent(service: Service, accepted: Sequence[Accepted]) -> dict[int, Result]:
+    """``sent`` for every accepted call, in one statement (autocommit on PostgreSQL)."""
+    if not accepted:
+        return {}
+    postgresql = service.engine.dialect.name == "postgresql"
+    with service.autocommit.connect() if postgresql else service.engine.begin() as conn:
+        moved = finish_sent(conn, accepted)
+    return {msg.id: _DONE_SENT if msg.id in moved else _CHANGED for msg, *_ in accepted}
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
 
 
 def after_send(
@@ -177,35 +164,10 @@ def _after_failure(service: Service, call: Sent) -> Result:
     raise AssertionError(outcome)
 
 
-def _sent(conn: Connection, msg: Sending, ref: str | None, outcome: str) -> Result:
-    """``sending`` -> ``sent`` after a lookup found the message."""
-    done: dict[str, Any] = dict(
-        provider_ref=ref,
-        sent_at=sql_now(conn),  # the database's clock, inside the UPDATE
-        lease_expires_at=None,
-        needs_lookup=False,
-        last_error_code=None,
-        last_error=None,
-    )
-    if finish(conn, msg, Status.SENT, **done):
-        emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
-        return _DONE_SENT
-    return _CHANGED
-
-
 def _stop(conn: Connection, msg: Sending, failure: Failure) -> Result:
     """End the message in ``failure.final`` (dead or unknown)."""
-    code, status = failure.code, failure.final
-    if finish(
-        conn,
-        msg,
-        status,
-        lease_expires_at=None,
-        last_error_code=code[:64],
-        last_error=failure.reason,
-    ):
-        emit(msg, status, failure.outcome, code)
-        return Result(Action.DONE, status, code=code, reason=failure.reason)
+    if stop(conn, msg, failure):
+        return Result(Action.DONE, failure.final, code=failure.code, reason=failure.reason)
     return _CHANGED
 
 
@@ -269,33 +231,5 @@ def _park(
     status = park(conn, msg, delay, service.settings, failure, now=db_now(conn), **values)
     if status is None:
         return _CHANGED
-    emit(msg, status, failure.outcome, failure.code, round(delay, 3))
     action = Action.RETRY if status is Status.DISPATCHED else Action.PARKED
     return Result(action, status, delay, failure.code, failure.reason)
-
-
-def emit(
-    msg: Sending,
-    to: Status,
-    outcome: str,
-    code: str | None = None,
-    delay: float | None = None,
-    *,
-    enqueued_at: dt.datetime | None = None,
-) -> None:
-    """Announce the transition of this attempt's ``sending`` row to ``to`` (once it is
-    committed or about to be, in the transaction that moved it)."""
-    events.emit(
-        events.Transition(
-            msg.id,
-            msg.key,
-            msg.provider,
-            Status.SENDING,
-            to,
-            msg.attempt,
-            outcome,
-            code,
-            delay,
-            enqueued_at,
-        )
-    )
