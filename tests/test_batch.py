@@ -189,10 +189,10 @@ def test_a_row_waiting_for_the_send_pool_is_taken_only_when_its_send_starts(
 def test_a_half_open_breaker_lets_one_send_of_a_batch_probe(
     clean: Engine, stub: Any, redis_client: Any
 ) -> None:
-    """The breaker is asked by each send when it starts: in half-open one send of the batch
-    is the probe and is made; the others are parked ``pending`` with ``CIRCUIT_OPEN`` and no
-    attempt spent, as a message alone is parked (the probe is slow to answer: every other
-    send starts while it is in flight)."""
+    """The breaker is asked for the sends that can start at once (here all five): in
+    half-open one send of the batch is the probe and is made; the others are parked
+    ``pending`` with ``CIRCUIT_OPEN`` and no attempt spent, as a message alone is parked (the
+    probe is slow to answer: were another asked later, it would be turned away too)."""
     stub.set_faults(delay_ms=500)
     pairs = _dispatched(clean, [{"key": f"probe-{i}", "recipient": OK} for i in range(5)])
     service = Service.from_settings(get_settings())

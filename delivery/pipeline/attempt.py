@@ -1,26 +1,27 @@
-"""One attempt at one message, from the row its task read: the checks, the breaker, the take,
-the call. ``delivery.pipeline.sender`` runs it for every message of a task (a message alone is
-a task of one), each on a thread of the send pool, and settles what it returns.
+"""One attempt at one message, from the row its task read: ``check``, ``admit`` (the breaker
+and the take) and ``call``. ``delivery.pipeline.sender`` runs them for every message of a
+task (a message alone is a task of one) and settles what ``call`` returns.
 
 In order, each step only once the previous one let the message through:
 
-1. Its provider must still be configured (else ``dead``, ``PROVIDER_NOT_CONFIGURED``, without
-   a call); it must be due (a task that fired early waits or does nothing) and within its
-   time-to-live (else ``expired``, never sent late).
-2. The provider's rate limit (``delivery.guards.ratelimit``): over it, the row stays
-   ``dispatched`` and the task comes back when a token is there.
-3. The provider's circuit breaker (``delivery.guards.breaker``), asked *here*, right before
-   the request would leave, by the thread that makes it: while it is open (or half-open with
-   its probe taken) the row goes back to ``pending`` until the next probe time plus up to
-   ``CIRCUIT_JITTER`` s, ``CIRCUIT_OPEN``, no attempt spent. So however many messages a task
-   carries, a send that has not left when the breaker opens is parked, not sent: an outage
-   costs the run that trips it, one send per slot already under way and the probes
-   (docs/concepts.md, "Circuit breaker").
-4. The take: ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit, durable
-   *before* the request leaves (G2), with a lease of ``hold_lease`` s that the worker's lease
-   keeper renews while the call runs, up to ``send_lease`` (``delivery.pipeline.leases``). A
-   row someone else moved meanwhile is not sent.
-5. A row flagged ``needs_lookup`` is looked up first if its provider can be asked
+1. ``check``: its provider must still be configured (else ``dead``,
+   ``PROVIDER_NOT_CONFIGURED``, without a call); it must be due (a task that fired early
+   waits or does nothing) and within its time-to-live (else ``expired``, never sent late).
+2. ``check``: the provider's rate limit (``delivery.guards.ratelimit``): over it, the row
+   stays ``dispatched`` and the task comes back when a token is there.
+3. ``admit``: the provider's circuit breaker (``delivery.guards.breaker``), asked only when
+   the send can start at once (a free send slot waits for it), once per provider for the
+   sends that start together: while it is open (or half-open with its probe taken) the row
+   goes back to ``pending`` until the next probe time plus up to ``CIRCUIT_JITTER`` s,
+   ``CIRCUIT_OPEN``, no attempt spent. So however many messages a task carries, a send that
+   has not left when the breaker opens is parked, not sent: an outage costs the run that
+   trips it, one send per slot already under way and the probes (docs/concepts.md,
+   "Circuit breaker").
+4. ``admit``: the take: ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit for
+   the sends that start together, durable *before* a request leaves (G2), with a lease of
+   ``hold_lease`` s that the worker's lease keeper renews while the call runs, up to
+   ``send_lease`` (``delivery.pipeline.leases``). A row someone else moved is not sent.
+5. ``call``: a row flagged ``needs_lookup`` is looked up first if its provider can be asked
    (``supports_lookup``); otherwise it is sent again with the same key. The call goes through
    ``delivery.providers.calls`` (any exception or stray value becomes an outcome, bounded and
    with the recipient masked) and is recorded in the breaker.
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -56,8 +58,11 @@ __all__ = [
     "PROVIDER_NOT_CONFIGURED",
     "RATE_LIMITED",
     "Clock",
-    "attempt",
+    "Taken",
+    "admit",
     "breaker_verdict",
+    "call",
+    "check",
 ]
 
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
@@ -79,10 +84,18 @@ class Clock:
         return self.at + dt.timedelta(seconds=time.monotonic() - self.read)
 
 
-def attempt(service: Service, row: Row[Any], clock: Clock) -> Result | Sent:
-    """Make one attempt at the ``dispatched`` ``row`` (the steps of the module docstring): the
-    call it made (``Sent``, to settle), or the ``Result`` of a message that was not sent or
-    was settled by its lookup."""
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A row taken for its attempt, with its breaker permit: what ``call`` sends."""
+
+    row: Row[Any]
+    msg: Sending
+    permit: Permit
+
+
+def check(service: Service, row: Row[Any], clock: Clock) -> Result | None:
+    """Steps 1 and 2 for the ``dispatched`` ``row``: ``None`` when it may go on to its
+    breaker, else the ``Result`` of a message that is not sent now."""
     now = clock.now()
     if row.provider not in service.settings.providers:
         return _not_configured(service, row)
@@ -98,23 +111,52 @@ def attempt(service: Service, row: Row[Any], clock: Clock) -> Result | Sent:
     wait = limiter.acquire() if limiter is not None else 0.0
     if wait > 0:
         return _rate_limited(service, row, wait, now)
+    return None
 
-    breaker = service.breaker(row.provider)
-    permit = breaker.allow()
-    if not permit.allowed:
-        return _circuit_open(service, row, permit, now)
+
+def admit(
+    service: Service, rows: Sequence[Row[Any]], clock: Clock
+) -> tuple[dict[int, Result], list[Taken]]:
+    """Steps 3 and 4 for ``rows``, sends that start now (one per free send slot, so that a
+    permit is never held by a send that waits): the breaker asked once per provider for its
+    rows (in half-open, the first is the probe), the refused ones parked, the others taken in
+    one committed UPDATE. The ``Result`` of each row not taken, and the rows taken."""
+    results: dict[int, Result] = {}
+    allowed: list[tuple[Row[Any], Permit]] = []
+    by_provider: dict[str, list[Row[Any]]] = {}
+    for row in rows:
+        by_provider.setdefault(row.provider, []).append(row)
+    now = clock.now()
+    for provider, mine in by_provider.items():
+        for row, permit in zip(mine, service.breaker(provider).allow_many(len(mine)), strict=True):
+            if permit.allowed:
+                allowed.append((row, permit))
+            else:
+                results[row.id] = _circuit_open(service, row, permit, now)
+    if not allowed:
+        return results, []
     # Short: the worker renews it while the call runs, up to send_lease after this take
     # (delivery.pipeline.leases); a killed worker's send comes back in seconds.
     lease = clock.now() + dt.timedelta(seconds=service.settings.hold_lease)
     with service.autocommit.connect() as conn:  # one UPDATE, committed when it returns (G2)
-        taken = take(conn, row, lease)
-    if not taken:
-        breaker.release(permit)
-        return _TAKEN
+        taken = take(conn, [row for row, _ in allowed], lease)
+    sends: list[Taken] = []
+    for row, permit in allowed:
+        if row.id in taken:
+            sends.append(Taken(row, _in_flight(service, row, row.attempts + 1), permit))
+        else:
+            service.breaker(row.provider).release(permit)
+            results[row.id] = _TAKEN
+    return results, sends
 
+
+def call(service: Service, taken: Taken) -> Result | Sent:
+    """Step 5: the lookup if the row needs one, then the send, recorded in the breaker: the
+    call made (``Sent``, to settle), or the ``Result`` its lookup settled."""
+    row, msg, permit = taken.row, taken.msg, taken.permit
+    breaker = service.breaker(row.provider)
     provider = service.provider(row.provider)
     envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
-    msg = _in_flight(service, row, row.attempts + 1)
     # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
     if row.needs_lookup and getattr(provider, "supports_lookup", True):
         started = time.perf_counter()

@@ -10,10 +10,11 @@ a message alone is a batch of one.
 2. Each other message makes its attempt (``delivery.pipeline.attempt``: checks, rate limit,
    circuit breaker, the take committed before the request leaves, the call) on this
    process's send pool, ``send_concurrency`` in flight; a message alone runs on the task's
-   own thread. The breaker is asked by each send when its thread starts it, so a send that
-   has not left when the breaker opens is parked, not sent, however long the batch.
-3. ``settle.after_sends`` applies the outcomes: every delivery of the batch in one statement
-   with its attempt rows, each other outcome in its own transaction.
+   own thread. Messages are admitted (breaker, take) only as send slots free up, so a send
+   that has not left when the breaker opens is parked, not sent, however long the batch.
+3. ``settle.after_sends`` applies the outcomes, together: every delivery of the batch in one
+   statement with its attempt rows (sooner if the first has waited ``hold_lease / 2`` s),
+   each other outcome in its own transaction.
 
 The answer is a ``Result`` per pair, whose ``action`` is one of the closed set ``Action``
 (``delivery.pipeline.transitions``). A batch that fails midway leaves each message where a
@@ -28,13 +29,13 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from sqlalchemy import Row, bindparam, select
 
-from delivery.pipeline.attempt import Clock, attempt
+from delivery.pipeline.attempt import Clock, Taken, admit, call, check
 from delivery.pipeline.clock import read_with_clock
 from delivery.pipeline.models import messages_table
 from delivery.pipeline.settle import Sent, after_sends
@@ -72,45 +73,113 @@ ROW = select(*(messages_table.c[name] for name in _COLUMNS))
 _ROWS_BY_IDS = ROW.where(messages_table.c.id.in_(bindparam("ids", expanding=True)))
 
 _pool: ThreadPoolExecutor | None = None
+_slots: threading.BoundedSemaphore | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()
 
 
-def send_pool(size: int) -> ThreadPoolExecutor:
-    """This process's pool of send threads (``size`` of them; made again after a fork)."""
-    global _pool, _pool_pid
+def send_pool(size: int) -> tuple[ThreadPoolExecutor, threading.BoundedSemaphore]:
+    """This process's pool of send threads (``size`` of them; made again after a fork) and its
+    free send slots, one per thread, shared by every task of the process."""
+    global _pool, _slots, _pool_pid
     with _pool_lock:
-        if _pool is None or _pool_pid != os.getpid():
+        if _pool is None or _slots is None or _pool_pid != os.getpid():
             _pool = ThreadPoolExecutor(max(size, 1), thread_name_prefix="delivery-send")
+            _slots = threading.BoundedSemaphore(max(size, 1))
             _pool_pid = os.getpid()
-        return _pool
+        return _pool, _slots
 
 
-def _attempts(
-    service: Service, rows: Sequence[Row[Any]], clock: Clock
-) -> Iterator[list[tuple[int, Result | Sent]]]:
-    """Make the attempts at ``rows`` on the send pool (inline, one after the other, when there
-    is only one or no pool) and yield their answers as they come, a group at a time: what
-    finished while the last group was settled. An attempt that raised is raised once every
-    other has finished (and been settled)."""
+def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[int, Result]:
+    """Make the attempts at ``rows``; the ``Result`` of each, by id.
+
+    Each row is checked (``attempt.check``); the others are admitted (breaker, take) only as
+    send slots free up, half the pool's slots at a time (or all it still needs), and sent on
+    the send pool, so a taken row never waits for a thread and a permit never outlives the
+    moment its request leaves by more than a statement. A message alone, or every message
+    when there is no pool, is sent on the task's own thread. The calls made are settled
+    together, at the end or once the first has waited ``hold_lease / 2`` s, so a taken row
+    waits in ``sending`` within its lease however long the batch. An attempt that raised is
+    raised once every other has finished (and been settled)."""
+    results: dict[int, Result] = {}
+    waiting: list[Row[Any]] = []
+    for row in rows:
+        checked = check(service, row, clock)
+        if checked is None:
+            waiting.append(row)
+        else:
+            results[row.id] = checked
+    made = _Made(service, results)
     if len(rows) <= 1 or service.settings.send_concurrency <= 1:
-        for row in rows:
-            yield [_attempt(service, row, clock)]
-        return
-    pool = send_pool(service.settings.send_concurrency)
-    running = {pool.submit(_attempt, service, row, clock) for row in rows}
+        for row in waiting:
+            answers, sends = admit(service, [row], clock)
+            results |= answers
+            made.add([(t.row.id, call(service, t)) for t in sends])
+            made.settle()
+        return results
+    pool, slots = send_pool(service.settings.send_concurrency)
+    running: set[Future[tuple[int, Result | Sent]]] = set()
     error: BaseException | None = None
-    while running:
-        done, running = wait(running, return_when=FIRST_COMPLETED)
-        group = []
-        for future in done:
-            if future.exception() is None:
-                group.append(future.result())
-            else:
-                error = error or future.exception()
-        yield group
+    queue = list(reversed(waiting))
+    enough = max(1, service.settings.send_concurrency // 2)
+    held = 0
+    while queue or running:
+        while held < len(queue) and slots.acquire(blocking=not running and not held):
+            held += 1
+        if queue and (held >= min(len(queue), enough) or (held and not running)):
+            wave = [queue.pop() for _ in range(min(held, len(queue)))]
+            held -= len(wave)
+            answers, sends = admit(service, wave, clock)
+            results |= answers
+            for _ in range(len(wave) - len(sends)):
+                slots.release()
+            running |= {pool.submit(_call, service, slots, t) for t in sends}
+        if running:
+            timeout = made.wait(0.05 if queue else None)
+            done, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            for future in done:
+                if future.exception() is None:
+                    made.add([future.result()])
+                else:
+                    error = error or future.exception()
+        if made.due():
+            made.settle()
+    made.settle()
     if error is not None:
         raise error
+    return results
+
+
+class _Made:
+    """The calls made and not yet settled; settled together into ``results``."""
+
+    def __init__(self, service: Service, results: dict[int, Result]) -> None:
+        self.service, self.results = service, results
+        self.calls: list[Sent] = []
+        self.limit = service.settings.hold_lease / 2
+
+    def add(self, answers: Sequence[tuple[int, Result | Sent]]) -> None:
+        for message_id, answer in answers:
+            if isinstance(answer, Sent):
+                self.calls.append(answer)
+            else:
+                self.results[message_id] = answer
+
+    def wait(self, poll: float | None) -> float | None:
+        """How long the loop may wait before the oldest call must be settled (``poll`` at most)."""
+        if not self.calls:
+            return poll
+        oldest = min(c.started for c in self.calls)
+        left = max(0.0, oldest + self.limit - time.perf_counter())
+        return left if poll is None else min(left, poll)
+
+    def due(self) -> bool:
+        return bool(self.calls) and self.wait(None) == 0.0
+
+    def settle(self) -> None:
+        if self.calls:
+            self.results |= after_sends(self.service, self.calls)
+            self.calls = []
 
 
 def deliver(service: Service, message_id: int, key: str) -> Result:
@@ -149,11 +218,7 @@ def deliver_many(
             results[message_id] = Result(Action.SKIP, status=row.status, reason=reason)
         else:
             ready.append(row)
-    for answers in _attempts(service, ready, clock):
-        # Settled as they come: a taken row waits in ``sending`` for its own call only, never
-        # for the whole batch (its lease covers the call: delivery.pipeline.leases).
-        results.update((i, a) for i, a in answers if isinstance(a, Result))
-        results.update(after_sends(service, [a for _, a in answers if isinstance(a, Sent)]))
+    results |= _attempts(service, ready, clock)
     answered: set[int] = set()
     out: list[Result] = []
     for message_id, _ in pairs:
@@ -162,5 +227,10 @@ def deliver_many(
     return out
 
 
-def _attempt(service: Service, row: Row[Any], clock: Clock) -> tuple[int, Result | Sent]:
-    return row.id, attempt(service, row, clock)
+def _call(
+    service: Service, slots: threading.BoundedSemaphore, taken: Taken
+) -> tuple[int, Result | Sent]:
+    try:
+        return taken.row.id, call(service, taken)
+    finally:
+        slots.release()

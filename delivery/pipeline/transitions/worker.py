@@ -2,7 +2,8 @@
 fenced on the status and attempt count its worker saw (``fence.move``) and each emitting its
 ``Transition`` once its UPDATE moved the row:
 
-- ``take``: ``dispatched`` -> ``sending``, spending one attempt, before the request leaves;
+- ``take``: ``dispatched`` -> ``sending`` for one row or many, spending one attempt each,
+  before the request leaves;
 - ``leave``: ``dispatched`` -> ``pending`` (breaker open), ``expired`` or ``dead`` (provider
   gone) without an attempt; ``extend_lease``: a ``dispatched`` row waiting for its rate limit;
 - ``finish_sent``: ``sending`` -> ``sent`` for one accepted call or many (a delivery, or a
@@ -73,15 +74,68 @@ class _Event:
     delay: float | None = None
 
 
-def take(conn: Connection, row: Row[Any], lease_until: dt.datetime) -> bool:
-    """``dispatched`` -> ``sending`` for attempt number ``row.attempts + 1``, leased until
-    ``lease_until``; False if someone else moved the row since ``row`` was read."""
-    number = row.attempts + 1
-    fence = (row.id, row.attempts, Status.DISPATCHED)
-    if not move(conn, *fence, Status.SENDING, attempts=number, lease_expires_at=lease_until):
-        return False
-    emit(Transition(row.id, row.key, row.provider, Status.DISPATCHED, Status.SENDING, number))
-    return True
+def take(conn: Connection, rows: Sequence[Row[Any]], lease_until: dt.datetime) -> set[int]:
+    """``dispatched`` -> ``sending`` for each of ``rows`` still where its reader saw it,
+    spending one attempt each (number ``row.attempts + 1``), leased until ``lease_until``; the
+    ids it took. On PostgreSQL one statement for one row or many, its rows locked in id order;
+    elsewhere one ``move`` per row."""
+    if conn.dialect.name != "postgresql":
+        taken = {
+            row.id
+            for row in rows
+            if move(
+                conn,
+                row.id,
+                row.attempts,
+                Status.DISPATCHED,
+                Status.SENDING,
+                attempts=row.attempts + 1,
+                lease_expires_at=lease_until,
+            )
+        }
+    elif rows:
+        params = {
+            "ids": [row.id for row in rows],
+            "seen": [row.attempts for row in rows],
+            "b_lease": lease_until,
+            "b_now": utcnow(),
+        }
+        taken = set(conn.scalars(_take_statement(), params))
+    else:
+        taken = set()
+    for row in rows:
+        if row.id in taken:
+            moved = (Status.DISPATCHED, Status.SENDING, row.attempts + 1)
+            emit(Transition(row.id, row.key, row.provider, *moved))
+    return taken
+
+
+@functools.cache
+def _take_statement() -> Any:
+    m = messages_table.c
+    seen = _unnest("v", ("ids", BigInteger()), ("seen", Integer()))
+    return (
+        update(messages_table)
+        .where(m.id == seen.c.ids, m.status == Status.DISPATCHED.value, m.attempts == seen.c.seen)
+        .where(_locked_in_order())
+        .values(
+            status=Status.SENDING.value,
+            attempts=seen.c.seen + 1,
+            lease_expires_at=bindparam("b_lease", type_=UTCDateTime()),
+            updated_at=bindparam("b_now", type_=UTCDateTime()),
+        )
+        .returning(m.id)
+    )
+
+
+def _locked_in_order() -> Any:
+    """``id`` is one of the bound array ``ids``, locked in id order (overlapping statements
+    wait, never deadlock), the locking subquery run once (``= ANY(ARRAY(..))``; under ``IN``
+    it ran once per row of the status)."""
+    m = messages_table.c
+    wanted = m.id == any_(bindparam("ids", type_=ARRAY(BigInteger())))
+    locked = select(m.id).where(wanted).order_by(m.id).with_for_update()
+    return m.id == any_(func.array(locked.scalar_subquery()))
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,14 +298,10 @@ def _sent_statement() -> Any:
     rows = _unnest("v", ("ids", BigInteger()), ("seen", Integer()), ("refs", String()))
     logged = _unnest("a", *((f"a_{n}", kind) for n, kind in ATTEMPT_COLUMNS.items()))
     log = insert(attempts_table).from_select(list(ATTEMPT_COLUMNS), select(*logged.c))
-    wanted = m.id == any_(bindparam("ids", type_=ARRAY(BigInteger())))
-    # Locked in id order, the locking subquery run once (``= ANY(ARRAY(..))``; under ``IN``
-    # it ran once per row of the table's status).
-    locked = select(m.id).where(wanted).order_by(m.id).with_for_update()
     return (
         update(messages_table)
         .where(m.id == rows.c.ids, m.status == Status.SENDING.value, m.attempts == rows.c.seen)
-        .where(m.id == any_(func.array(locked.scalar_subquery())))
+        .where(_locked_in_order())
         .values(
             status=Status.SENT.value,
             updated_at=bindparam("b_now", type_=UTCDateTime()),
