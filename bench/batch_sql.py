@@ -28,8 +28,8 @@ from bench.common import (
     log,
     session,
 )
-from delivery.pipeline.batch import deliver_many
 from delivery.pipeline.relay import claim
+from delivery.pipeline.sender import deliver_many
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
 

@@ -50,7 +50,8 @@ COMPONENTS: list[tuple[str, tuple[str, ...]]] = [
         (
             "delivery/pipeline/sender.py",
             "delivery/pipeline/settle.py",
-            "delivery/pipeline/transitions.py",
+            "delivery/pipeline/attempt.py",
+            "delivery/pipeline/transitions/",
         ),
     ),
     ("Celery / kombu / redis (task protocol, broker, events)", ("celery/", "kombu/", "redis/")),

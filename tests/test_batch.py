@@ -1,11 +1,12 @@
-"""The batch path (issue 13): ``delivery.deliver_batch`` over real PostgreSQL, Redis, worker,
-beat and the stub provider over HTTP; ``deliver_many``'s fences in process; how the relay
-splits a backlog into tasks; the lease keeper holding every message of a batch.
+"""Batches: ``delivery.deliver_batch`` over real PostgreSQL, Redis, worker, beat and the stub
+provider over HTTP; ``deliver_many``'s fences in process; how the relay splits a backlog into
+tasks; the lease keeper holding every message of a batch.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -16,9 +17,10 @@ from sqlalchemy.orm import Session
 
 import delivery
 import delivery.worker
-from delivery.pipeline.batch import deliver_many
+from delivery.observability import events
 from delivery.pipeline.models import attempts_table, messages_table, utcnow
 from delivery.pipeline.relay import Claim
+from delivery.pipeline.sender import deliver_many
 from delivery.pipeline.transitions import Action
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
@@ -148,59 +150,50 @@ def test_deliver_many_takes_only_rows_still_where_it_saw_them(clean: Engine, stu
 
 
 @pytest.mark.integration
-def test_a_send_that_could_outlast_its_lease_is_not_made(clean: Engine, stub: Any) -> None:
-    """A batch's sends wait for the send pool. One that would start too late to finish within
-    its row's lease (the sweeper would hand the row to another worker meanwhile) is not made:
-    its row goes back to ``pending``, due now, with its attempt given back (``SEND_LATE``:
-    ``max_attempts`` + 1; the attempt count, every update's fence, never goes back)."""
+def test_a_row_waiting_for_the_send_pool_is_taken_only_when_its_send_starts(
+    clean: Engine, stub: Any
+) -> None:
+    """A batch's sends wait for the send pool. A row is taken (``dispatched`` -> ``sending``,
+    its lease ``hold_lease`` s from then) only when its send starts, so however long it waited
+    its send never outlasts its lease (the sweeper would hand it to another worker): one send
+    at a time, each answered in 2.5 s, the third starts 5 s after the batch did, and each row
+    was taken at most a moment before its own send and sent within its lease."""
     stub.set_faults(delay_ms=2500)
-    budget = 5  # each row's max_attempts - attempts before the batch
     pairs = _dispatched(clean, [{"key": f"late-{i}", "recipient": OK} for i in range(3)])
-    # Timeouts total 6 s (tests' config): a send may start up to 9.5 - 6/3 - 6 = 1.5 s after
-    # the take; one send at a time, each answered in 2.5 s: only the first starts in time
-    # (with a second to spare either way, for a loaded machine). The rows' 6 s lease outlasts
-    # the test, so a sweeper running meanwhile (the suite's beat) leaves them alone.
-    settings = get_settings().with_(send_concurrency=1, send_lease=9.5, hold_lease=6.0)
+    settings = get_settings().with_(send_concurrency=1, send_lease=9.5, hold_lease=3.0)
     service = Service.from_settings(settings)
+    moves: dict[tuple[int, str], float] = {}
+
+    def seen(t: events.Transition) -> None:
+        moves[(t.message_id, t.to_status)] = time.monotonic()
+
+    events.add_hook(seen)
     try:
         results = deliver_many(service, pairs)
     finally:
+        events.remove_hook(seen)
         service.close()
-    assert [(r.action, r.code) for r in results] == [
-        (Action.DONE, None),
-        (Action.PARKED, "SEND_LATE"),
-        (Action.PARKED, "SEND_LATE"),
-    ]
-    assert stub.effects() == {"late-0": 1}
+    assert [(r.action, r.status) for r in results] == [(Action.DONE, "sent")] * 3
+    assert stub.effects() == {"late-0": 1, "late-1": 1, "late-2": 1}
+    taken = [moves[(message_id, "sending")] for message_id, _ in pairs]
+    sent = [moves[(message_id, "sent")] for message_id, _ in pairs]
+    assert taken[2] - taken[0] >= 4.5, taken  # the third waited for the first two
+    for took, done in zip(taken, sent, strict=True):
+        assert 2.4 <= done - took < settings.hold_lease, (took, done)  # its own call only
     with clean.connect() as conn:
-        rows = conn.execute(
-            select(
-                messages_table.c.key,
-                messages_table.c.status,
-                messages_table.c.attempts,
-                messages_table.c.max_attempts - messages_table.c.attempts,
-                messages_table.c.last_error_code,
-                messages_table.c.lease_expires_at,
-                messages_table.c.next_attempt_at <= utcnow(),
-            ).order_by(messages_table.c.key)
-        ).all()
-        attempts = conn.execute(select(attempts_table.c.message_id)).scalars().all()
-    assert [tuple(row) for row in rows] == [
-        ("late-0", "sent", 1, budget - 1, None, None, True),
-        ("late-1", "pending", 1, budget, "SEND_LATE", None, True),  # none of its budget spent
-        ("late-2", "pending", 1, budget, "SEND_LATE", None, True),
-    ]
-    assert attempts == [pairs[0][0]]  # no attempt row for a send that was not made
+        rows = conn.execute(select(messages_table.c.status, messages_table.c.attempts)).all()
+    assert sorted(tuple(row) for row in rows) == [("sent", 1)] * 3
 
 
 @pytest.mark.integration
-def test_a_half_open_breaker_lets_one_row_of_a_batch_probe(
+def test_a_half_open_breaker_lets_one_send_of_a_batch_probe(
     clean: Engine, stub: Any, redis_client: Any
 ) -> None:
-    """The breaker is asked once for the batch's rows (``allow_many``): in half-open the first
-    row is the probe and is sent; the others are parked ``pending`` with ``CIRCUIT_OPEN`` and
-    no attempt spent, as the single path parks them."""
-    stub.reset()
+    """The breaker is asked for the sends that can start at once (here all five): in
+    half-open one send of the batch is the probe and is made; the others are parked
+    ``pending`` with ``CIRCUIT_OPEN`` and no attempt spent, as a message alone is parked (the
+    probe is slow to answer: were another asked later, it would be turned away too)."""
+    stub.set_faults(delay_ms=500)
     pairs = _dispatched(clean, [{"key": f"probe-{i}", "recipient": OK} for i in range(5)])
     service = Service.from_settings(get_settings())
     breaker = service.breaker("stub")
@@ -212,17 +205,18 @@ def test_a_half_open_breaker_lets_one_row_of_a_batch_probe(
         after = breaker.status()
     finally:
         service.close()
-    assert [r.action for r in results] == [Action.DONE] + [Action.PARKED] * 4
-    assert {r.code for r in results[1:]} == {"CIRCUIT_OPEN"}
-    assert stub.effects() == {"probe-0": 1}
+    assert sorted(r.action for r in results) == sorted([Action.DONE] + [Action.PARKED] * 4)
+    assert {r.code for r in results if r.action is Action.PARKED} == {"CIRCUIT_OPEN"}
+    (probe,) = [key for (_, key), r in zip(pairs, results, strict=True) if r.action is Action.DONE]
+    assert stub.effects() == {probe: 1}
     assert (after.state, after.calls) == ("half_open", before)  # probes are not counted
     with clean.connect() as conn:
         rows = conn.execute(
             select(messages_table.c.key, messages_table.c.status, messages_table.c.attempts)
         ).all()
-    assert sorted(rows) == [("probe-0", "sent", 1)] + [
-        (f"probe-{i}", "pending", 0) for i in range(1, 5)
-    ]
+    assert sorted(rows) == sorted(
+        [(probe, "sent", 1)] + [(key, "pending", 0) for _, key in pairs if key != probe]
+    )
 
 
 @pytest.mark.integration

@@ -30,7 +30,8 @@ from delivery.pipeline.outcomes import (
     Unknown,
 )
 from delivery.pipeline.policies import UnknownPolicy
-from delivery.pipeline.transitions import Sending, log_attempt
+from delivery.pipeline.transitions import Sending
+from delivery.pipeline.transitions.attempts import log_attempt
 from delivery.providers import calls
 from delivery.providers.base import Envelope, Provider
 from delivery.providers.http import HttpProvider

@@ -43,7 +43,7 @@ from delivery.guards.breaker import (
 from delivery.guards.breaker_machine import probe_rule
 from delivery.guards.redis_client import redis_client as make_client
 from delivery.pipeline import outbox
-from delivery.pipeline.batch import deliver_many
+from delivery.pipeline.attempt import CIRCUIT_OPEN, breaker_verdict
 from delivery.pipeline.models import Attempt, Message, utcnow
 from delivery.pipeline.outcomes import (
     Absent,
@@ -56,7 +56,7 @@ from delivery.pipeline.outcomes import (
     Unknown,
 )
 from delivery.pipeline.relay import claim
-from delivery.pipeline.sender import CIRCUIT_OPEN, breaker_verdict, deliver
+from delivery.pipeline.sender import deliver, deliver_many
 from delivery.runtime.db import make_engine, upgrade
 from delivery.runtime.service import Service
 from delivery.testing.processes import (

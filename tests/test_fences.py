@@ -19,10 +19,11 @@ from delivery.config.settings import ProviderConfig, Timeouts
 from delivery.errors import ConfigError
 from delivery.ops.repair import redrive
 from delivery.pipeline import outcomes
+from delivery.pipeline.attempt import PROVIDER_NOT_CONFIGURED
 from delivery.pipeline.models import attempts_table, messages_table, utcnow
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.relay import relay_once
-from delivery.pipeline.sender import PROVIDER_NOT_CONFIGURED, deliver
+from delivery.pipeline.sender import deliver
 from delivery.pipeline.settle import after_send
 from delivery.pipeline.sweeper import sweep
 from delivery.pipeline.transitions import Action, Result, Sending
@@ -287,8 +288,9 @@ def test_leases_and_due_times_use_the_database_clock(
 ) -> None:
     """With this host's clock an hour ahead, the sweeper ends no live lease and the relay
     claims no row that is not due yet by the database's clock."""
-    from delivery.pipeline import models, sweeper, transitions
+    from delivery.pipeline import models, sweeper
     from delivery.pipeline import relay as relay_module
+    from delivery.pipeline.transitions import fence, recovery, worker
 
     ahead = lambda: dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)  # noqa: E731
     now = utcnow()
@@ -300,7 +302,7 @@ def test_leases_and_due_times_use_the_database_clock(
             .values(lease_expires_at=now + dt.timedelta(minutes=5))
         )
     later = add_row(fence_db, "clock-later", next_attempt_at=now + dt.timedelta(minutes=30))
-    for module in (models, relay_module, sweeper, transitions):
+    for module in (models, relay_module, sweeper, fence, recovery, worker):
         monkeypatch.setattr(module, "utcnow", ahead, raising=False)
     report = sweep(fence_db)
     assert (report.recovered, report.unknown, report.requeued) == (0, 0, 0)

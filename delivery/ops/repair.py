@@ -2,8 +2,9 @@
 
 Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides (the
 ``delivery`` CLI commits after a successful ``redrive``). Each repair is one conditional
-UPDATE on the expected status (``_conditional``): a concurrent change is reported, never
-overwritten, and every change emits a ``Transition`` and writes an audit row (``actor``: who
+UPDATE on the expected status (``delivery.pipeline.transitions.repair``, which emits its
+``Transition``): a concurrent change is reported, never overwritten, and every change writes an
+audit row (``actor``: who
 asked; see ``delivery.ops.audit``) in the same transaction.
 
 - ``redrive``: ``dead`` or ``unknown`` back to ``pending`` with the same key, so a provider
@@ -19,17 +20,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, cast
 
-from sqlalchemy import CursorResult, case, select, update
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from delivery.observability.events import Transition, emit
 from delivery.ops.audit import DEFAULT_ACTOR, record
 from delivery.ops.inspect import find
-from delivery.pipeline.clock import db_now
-from delivery.pipeline.models import Message, utcnow
+from delivery.pipeline.models import Message
 from delivery.pipeline.status import Status
+from delivery.pipeline.transitions import repair as transitions
+from delivery.pipeline.transitions.repair import REDRIVABLE, RESOLVABLE
 
 __all__ = [
     "REDRIVABLE",
@@ -42,12 +42,6 @@ __all__ = [
     "redrive_ids",
     "resolve",
 ]
-
-REDRIVABLE = (Status.DEAD, Status.UNKNOWN)
-"""The statuses ``redrive`` accepts."""
-
-RESOLVABLE = (Status.SENT, Status.DEAD)
-"""The statuses ``resolve`` may declare an ``unknown`` message to be in."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,25 +118,10 @@ def _redrive(
             reason = f"message is {previous}; only {' or '.join(allowed)} messages can be redriven"
             results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
             continue
-        now = db_now(session.connection())
-        values: dict[str, Any] = {
-            "status": Status.PENDING.value,
-            # The attempt count is every conditional update's fence: it never goes back, so
-            # a late worker from an earlier life cannot match this one. The new life gets
-            # the message's own budget again, counted from here.
-            "max_attempts": Message.attempts + Message.max_attempts - Message.budget_start,
-            "budget_start": Message.attempts,
-            "next_attempt_at": now,
-            "lease_expires_at": None,
-            "needs_lookup": case((Message.status == Status.UNKNOWN.value, True), else_=False),
-            "updated_at": now,
-        }
-        done = _conditional(session, message, REDRIVABLE, values)
-        if not done:
+        if not transitions.redrive(session, message):
             reason = f"message changed to {message.status} while redriving; nothing done"
             results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
             continue
-        _emit(message, previous, Status.PENDING, "redrive")
         detail = "provider asked first (lookup)" if message.needs_lookup else "same key"
         record(
             session,
@@ -174,15 +153,9 @@ def resolve(
     if previous != Status.UNKNOWN.value:
         reason = f"message is {previous}; only unknown messages can be resolved"
         return ResolveResult(ref, message.id, message.key, previous, target.value, False, reason)
-    now = utcnow()
-    values: dict[str, Any] = {"status": target.value, "lease_expires_at": None, "updated_at": now}
-    if target is Status.SENT:
-        values.update(sent_at=now, needs_lookup=False)
-    done = _conditional(session, message, Status.UNKNOWN, values)
-    if not done:
+    if not transitions.resolve(session, message, target):
         reason = f"message changed to {message.status} while resolving; nothing done"
         return ResolveResult(ref, message.id, message.key, previous, target.value, False, reason)
-    _emit(message, previous, target, "resolve")
     record(
         session,
         actor=actor,
@@ -212,11 +185,9 @@ def cancel(session: Session, ref: str, *, actor: str = DEFAULT_ACTOR) -> CancelR
             else f"message is already {previous}"
         )
         return CancelResult(ref, message.id, message.key, previous, False, too_late, reason)
-    values = {"status": Status.CANCELLED.value, "lease_expires_at": None, "updated_at": utcnow()}
-    if not _conditional(session, message, Status.PENDING, values):
+    if not transitions.cancel(session, message):
         reason = f"too late: message changed to {message.status} while cancelling"
         return CancelResult(ref, message.id, message.key, previous, False, True, reason)
-    _emit(message, previous, Status.CANCELLED, "cancel")
     record(
         session,
         actor=actor,
@@ -226,41 +197,3 @@ def cancel(session: Session, ref: str, *, actor: str = DEFAULT_ACTOR) -> CancelR
         to_status=Status.CANCELLED.value,
     )
     return CancelResult(ref, message.id, message.key, previous, True)
-
-
-def _conditional(
-    session: Session,
-    message: Message,
-    expected: Status | Sequence[Status],
-    values: dict[str, Any],
-) -> bool:
-    """The one UPDATE of a repair: change the message only while its status is still
-    ``expected`` (one status, or any of several); refresh it either way."""
-    if isinstance(expected, Status):
-        still = Message.status == expected.value
-    else:
-        still = Message.status.in_([status.value for status in expected])
-    statement = (
-        update(Message)
-        .where(Message.id == message.id, still)
-        .values(**values)
-        .execution_options(synchronize_session=False)
-    )
-    done = cast(CursorResult[Any], session.execute(statement)).rowcount
-    session.refresh(message)
-    return bool(done)
-
-
-def _emit(message: Message, previous: str, to: Status, outcome: str) -> None:
-    """The transition of a repair (the message is refreshed: its attempts are the new ones)."""
-    emit(
-        Transition(
-            message.id,
-            message.key,
-            message.provider,
-            previous,
-            to.value,
-            message.attempts,
-            outcome=outcome,
-        )
-    )

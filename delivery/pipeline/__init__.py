@@ -6,8 +6,11 @@ In the order a message meets them:
   input, each failure an ``InvalidMessage`` naming the field.
 - ``outbox``: ``enqueue`` writes the row in the caller's transaction; the post-commit nudge.
 - ``relay``: claims due ``pending`` rows (``dispatched`` + lease) and hands them to a publisher.
-- ``sender``: one attempt for one message, the worker's whole job, answering a closed
-  ``Action``; ``transitions`` holds its conditional-update primitives.
+- ``sender``: what a worker's task does, for one message or a batch (one path), answering a
+  closed ``Action`` per message; ``attempt``: one message's checks, breaker, take and call;
+  ``settle``: what an outcome does to the row; ``transitions``: the one room that writes a
+  message's status (each transition a named function that emits its event; the relay, the
+  sweeper and ``delivery.ops`` call it too); ``leases``: what a live worker renews.
 - ``sweeper``: recovers rows whose lease expired and expires rows past their time-to-live.
 
 And what they share: ``models`` (the schema; its migrations are ``delivery/migrations``),

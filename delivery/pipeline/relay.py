@@ -1,6 +1,7 @@
 """The relay: claim due ``pending`` rows and hand them to a publisher (guarantee G1).
 
-``claim`` marks a batch ``dispatched`` with a lease in one statement (``FOR UPDATE SKIP
+``claim`` marks a batch ``dispatched`` with a lease in one statement (its transition:
+``delivery.pipeline.transitions.relay``) (``FOR UPDATE SKIP
 LOCKED`` on PostgreSQL; SQLite serialises writers), so two relays never claim the same row.
 The rows are committed as ``dispatched`` *before* they are published: a task never arrives
 for a row it cannot take. A row whose task is lost (broker flushed, publish failed) is
@@ -27,15 +28,14 @@ from sqlalchemy import (
     func,
     literal,
     select,
-    update,
 )
 
 from delivery.config.settings import PRIORITIES
-from delivery.observability.events import Transition, emit
 from delivery.pipeline.models import UTCDateTime, messages_table, utcnow
 from delivery.pipeline.status import Status
+from delivery.pipeline.transitions.relay import dispatch, release
 
-__all__ = ["Claim", "Publisher", "claim", "relay_once", "release"]
+__all__ = ["Claim", "Publisher", "claim", "relay_once"]
 
 log = logging.getLogger("delivery.relay")
 
@@ -114,7 +114,7 @@ def _clock(given: bool) -> Any:
 #: applies), the database's (one clock for every host, as ``db_now``), no round trip.
 _STATEMENT_CLOCK = func.statement_timestamp(type_=UTCDateTime())
 _DUE: dict[tuple[bool, bool, bool], Select[tuple[int]]] = {}
-_CLAIMS: dict[tuple[str, bool, bool, bool], Any] = {}
+_CLAIMS: dict[tuple[str, bool, bool, bool], dict[str, Any]] = {}
 
 
 def claim(
@@ -140,15 +140,17 @@ def claim(
         "lease_for": lease_for,
         "lease_until": None if now is None else now + lease_for,
     }
-    stmt = _claim_statement(dialect, ids is not None, priorities is not None, now is not None)
-    return [Claim(*row) for row in connection.execute(stmt, params)]
+    parts = _claim_statement(dialect, ids is not None, priorities is not None, now is not None)
+    rows = dispatch(connection, params=params, **parts)
+    return [Claim(r.id, r.key, r.priority, r.provider, r.attempts) for r in rows]
 
 
-def _claim_statement(dialect: str, by_ids: bool, by_priority: bool, now: bool) -> Any:
-    """``claim``'s UPDATE, one object per shape (see ``_due_statement``)."""
+def _claim_statement(dialect: str, by_ids: bool, by_priority: bool, now: bool) -> dict[str, Any]:
+    """What ``claim``'s UPDATE (``transitions.relay.dispatch``) is made of, one object per
+    shape (see ``_due_statement``)."""
     shape = (dialect, by_ids, by_priority, now)
-    stmt = _CLAIMS.get(shape)
-    if stmt is None:
+    parts = _CLAIMS.get(shape)
+    if parts is None:
         m = messages_table.c
         picked = _due_statement(by_ids, by_priority, now=now).scalar_subquery()
         clock = _clock(now)
@@ -163,31 +165,8 @@ def _claim_statement(dialect: str, by_ids: bool, by_priority: bool, now: bool) -
         else:  # SQLite: the lease's end bound as computed, since it stores what it is given
             chosen = m.id.in_(picked)
             until = bindparam("lease_until", type_=UTCDateTime())
-        stmt = _CLAIMS[shape] = (
-            update(messages_table)
-            .where(chosen)
-            .where(m.status == Status.PENDING.value)
-            .values(status=Status.DISPATCHED.value, updated_at=clock, lease_expires_at=until)
-            .returning(m.id, m.key, m.priority, m.provider, m.attempts)
-        )
-    return stmt
-
-
-def release(connection: Connection, claims: Sequence[Claim]) -> int:
-    """Put claimed rows whose publish failed back to ``pending`` (a no-op for rows a worker
-    already took)."""
-    stmt = (
-        update(messages_table)
-        .where(messages_table.c.id.in_([c.id for c in claims]))
-        .where(messages_table.c.status == Status.DISPATCHED.value)
-        .values(status=Status.PENDING.value, lease_expires_at=None, updated_at=utcnow())
-    )
-    return connection.execute(stmt).rowcount
-
-
-def _log(claims: Sequence[Claim], old: Status, new: Status, outcome: str | None = None) -> None:
-    for c in claims:
-        emit(Transition(c.id, c.key, c.provider, old, new, c.attempts, outcome))
+        parts = _CLAIMS[shape] = dict(shape=shape, chosen=chosen, clock=clock, until=until)
+    return parts
 
 
 def relay_once(
@@ -264,13 +243,11 @@ def _relay_group(one: _Pass, priorities: Sequence[str] | None, room: int | None)
             break
         if not claims:
             continue
-        _log(claims, Status.PENDING, Status.DISPATCHED)
         try:
             publish(claims)
         except Exception:
             with engine.begin() as connection:
                 release(connection, claims)
-            _log(claims, Status.DISPATCHED, Status.PENDING, "publish_failed")
             raise
         total += len(claims)
     if total:

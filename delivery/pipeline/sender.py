@@ -1,74 +1,52 @@
-"""One delivery attempt for one message: the worker's whole job, as a plain function.
+"""What a worker's task does: one attempt at each message it carries, on one path whether it
+carries one message (``delivery.deliver``) or a batch of them (``delivery.deliver_batch``);
+a message alone is a batch of one.
 
-``deliver`` takes the row from ``dispatched`` to ``sending`` with a conditional UPDATE and
-commits *before* calling the provider (with a lease of ``hold_lease`` s that the worker's lease
-keeper renews while the call runs, up to ``send_lease``; see ``delivery.pipeline.leases``),
-so that a crash mid-call leaves a ``sending`` row the sweeper finds within seconds. The
-provider's outcome then decides the next state in one transaction together with the
-attempt's log row. A task for a row that is not ``dispatched``, not yet due, or already
-taken by another worker does nothing.
+``deliver_many`` takes ``(id, key)`` pairs, what the tasks carry:
 
-Before taking the row, the provider's circuit breaker (``delivery.guards.breaker``) is asked:
-while it is open (or half-open with its one probe taken) the row goes back to ``pending`` until
-the breaker's next probe time plus up to ``CIRCUIT_JITTER`` s, with code ``CIRCUIT_OPEN`` and
-no attempt spent. The adapter is called through ``delivery.providers.calls`` (any exception or
-stray value becomes an outcome, bounded and with the recipient masked); the outcome is then
-recorded in the breaker, and applied to the row by ``delivery.pipeline.settle`` with the
-breaker's answer (a failed probe gives its attempt back; a failure that leaves the breaker open
-is not retried before its next probe time). The answer to the task is a ``Result`` whose
-``action`` is one of the closed set ``Action`` (``delivery.pipeline.transitions``).
+1. One SELECT reads every row and the database's clock (``delivery.pipeline.clock``). A
+   message that is not there, not ``key``'s, or not ``dispatched`` (a duplicate or late task)
+   is skipped; a pair repeated in the batch is skipped the second time.
+2. Each other message makes its attempt (``delivery.pipeline.attempt``: checks, rate limit,
+   circuit breaker, the take committed before the request leaves, the call) on this
+   process's send pool, ``send_concurrency`` in flight; a message alone runs on the task's
+   own thread. Messages are admitted (breaker, take) only as send slots free up, so a send
+   that has not left when the breaker opens is parked, not sent, however long the batch.
+3. ``settle.after_sends`` applies the outcomes, together: every delivery of the batch in one
+   statement with its attempt rows (sooner if the first has waited ``hold_lease / 2`` s),
+   each other outcome in its own transaction.
 
-Due times and leases are compared and written on the database's clock
-(``delivery.pipeline.clock``), read in the same SELECT as the row (no round trip of its own).
-A batch of messages (``delivery.pipeline.batch``) goes through the same checks with the
-helpers below (``ROW``, ``circuit_open``, ``in_flight``). A message whose provider is no
-longer configured ends ``dead`` with ``PROVIDER_NOT_CONFIGURED`` without a call. A message
-flagged ``needs_lookup`` is looked up first only if its provider has a lookup
-(``supports_lookup``); otherwise it is sent again with the same key.
+The answer is a ``Result`` per pair, whose ``action`` is one of the closed set ``Action``
+(``delivery.pipeline.transitions``). A batch that fails midway leaves each message where a
+message alone would be: ``dispatched`` (not yet taken: the redelivered task, or the relay
+after its lease, gives it to a worker again) or ``sending`` (taken: its worker stops renewing
+the lease, and the sweeper hands it to its ``on_unknown`` policy ``hold_lease`` s later).
+Nothing is lost; a second effect is only the provider's to dedupe.
 """
 
 from __future__ import annotations
 
-import datetime as dt
+import os
+import threading
 import time
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Any
 
 from sqlalchemy import Row, bindparam, select
 
-from delivery.guards.breaker import Permit, Verdict
-from delivery.observability.events import Transition, emit
+from delivery.pipeline.attempt import Clock, Taken, admit, call, check
 from delivery.pipeline.clock import read_with_clock
 from delivery.pipeline.models import messages_table
-from delivery.pipeline.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
-from delivery.pipeline.policies import UnknownPolicy
-from delivery.pipeline.settle import CIRCUIT_JITTER, after_lookup, after_send, probe_wait
+from delivery.pipeline.settle import Sent, after_sends
 from delivery.pipeline.status import Status
-from delivery.pipeline.transitions import Action, Result, Sending, extend_lease, move
-from delivery.providers import calls
-from delivery.providers.base import Envelope
+from delivery.pipeline.transitions import Action, Result
 from delivery.runtime.service import Service
 
-__all__ = [
-    "CIRCUIT_JITTER",
-    "CIRCUIT_OPEN",
-    "EXPIRED",
-    "PROVIDER_NOT_CONFIGURED",
-    "RATE_LIMITED",
-    "ROW",
-    "Action",
-    "Result",
-    "breaker_verdict",
-    "circuit_open",
-    "deliver",
-    "in_flight",
-]
+__all__ = ["ROW", "Action", "Result", "deliver", "deliver_many", "send_pool"]
 
-CIRCUIT_OPEN = "CIRCUIT_OPEN"
-EXPIRED = "EXPIRED"
-PROVIDER_NOT_CONFIGURED = "PROVIDER_NOT_CONFIGURED"
-RATE_LIMITED = "RATE_LIMITED"
-
+_NO_SUCH = Result(Action.SKIP, reason="no such message")
+_REPEATED = Result(Action.SKIP, reason="repeated in its batch")
 
 _COLUMNS = (
     "id",
@@ -89,197 +67,170 @@ _COLUMNS = (
     "created_at",
 )
 
-#: What one attempt reads of its message, in one primary-key read.
+#: What one attempt reads of its message.
 ROW = select(*(messages_table.c[name] for name in _COLUMNS))
-_ROW_BY_ID = ROW.where(messages_table.c.id == bindparam("message_id"))  # one statement object
+#: A task's rows, one statement object for every task (``read_with_clock`` keeps it).
+_ROWS_BY_IDS = ROW.where(messages_table.c.id.in_(bindparam("ids", expanding=True)))
+
+_pool: ThreadPoolExecutor | None = None
+_slots: threading.BoundedSemaphore | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def send_pool(size: int) -> tuple[ThreadPoolExecutor, threading.BoundedSemaphore]:
+    """This process's pool of send threads (``size`` of them; made again after a fork) and its
+    free send slots, one per thread, shared by every task of the process."""
+    global _pool, _slots, _pool_pid
+    with _pool_lock:
+        if _pool is None or _slots is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max(size, 1), thread_name_prefix="delivery-send")
+            _slots = threading.BoundedSemaphore(max(size, 1))
+            _pool_pid = os.getpid()
+        return _pool, _slots
+
+
+def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[int, Result]:
+    """Make the attempts at ``rows``; the ``Result`` of each, by id.
+
+    Each row is checked (``attempt.check``); the others are admitted (breaker, take) only as
+    send slots free up, half the pool's slots at a time (or all it still needs), and sent on
+    the send pool, so a taken row never waits for a thread and a permit never outlives the
+    moment its request leaves by more than a statement. A message alone, or every message
+    when there is no pool, is sent on the task's own thread. The calls made are settled
+    together, at the end or once the first has waited ``hold_lease / 2`` s, so a taken row
+    waits in ``sending`` within its lease however long the batch. An attempt that raised is
+    raised once every other has finished (and been settled)."""
+    results: dict[int, Result] = {}
+    waiting: list[Row[Any]] = []
+    for row in rows:
+        checked = check(service, row, clock)
+        if checked is None:
+            waiting.append(row)
+        else:
+            results[row.id] = checked
+    made = _Made(service, results)
+    if len(rows) <= 1 or service.settings.send_concurrency <= 1:
+        for row in waiting:
+            answers, sends = admit(service, [row], clock)
+            results |= answers
+            made.add([(t.row.id, call(service, t)) for t in sends])
+            made.settle()
+        return results
+    pool, slots = send_pool(service.settings.send_concurrency)
+    running: set[Future[tuple[int, Result | Sent]]] = set()
+    error: BaseException | None = None
+    queue = list(reversed(waiting))
+    enough = max(1, service.settings.send_concurrency // 2)
+    held = 0
+    while queue or running:
+        while held < len(queue) and slots.acquire(blocking=not running and not held):
+            held += 1
+        if queue and (held >= min(len(queue), enough) or (held and not running)):
+            wave = [queue.pop() for _ in range(min(held, len(queue)))]
+            held -= len(wave)
+            answers, sends = admit(service, wave, clock)
+            results |= answers
+            for _ in range(len(wave) - len(sends)):
+                slots.release()
+            running |= {pool.submit(_call, service, slots, t) for t in sends}
+        if running:
+            timeout = made.wait(0.05 if queue else None)
+            done, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            for future in done:
+                if future.exception() is None:
+                    made.add([future.result()])
+                else:
+                    error = error or future.exception()
+        if made.due():
+            made.settle()
+    made.settle()
+    if error is not None:
+        raise error
+    return results
+
+
+class _Made:
+    """The calls made and not yet settled; settled together into ``results``."""
+
+    def __init__(self, service: Service, results: dict[int, Result]) -> None:
+        self.service, self.results = service, results
+        self.calls: list[Sent] = []
+        self.limit = service.settings.hold_lease / 2
+
+    def add(self, answers: Sequence[tuple[int, Result | Sent]]) -> None:
+        for message_id, answer in answers:
+            if isinstance(answer, Sent):
+                self.calls.append(answer)
+            else:
+                self.results[message_id] = answer
+
+    def wait(self, poll: float | None) -> float | None:
+        """How long the loop may wait before the oldest call must be settled (``poll`` at most)."""
+        if not self.calls:
+            return poll
+        oldest = min(c.started for c in self.calls)
+        left = max(0.0, oldest + self.limit - time.perf_counter())
+        return left if poll is None else min(left, poll)
+
+    def due(self) -> bool:
+        return bool(self.calls) and self.wait(None) == 0.0
+
+    def settle(self) -> None:
+        if self.calls:
+            self.results |= after_sends(self.service, self.calls)
+            self.calls = []
 
 
 def deliver(service: Service, message_id: int, key: str) -> Result:
-    """Make one attempt at message ``message_id`` (if it is still ``key``'s and due) and
-    say what its task does next (``Result.action``, one of ``Action``)."""
+    """One attempt at message ``message_id`` (if it is still ``key``'s and due): a batch of
+    one, and what its task does next."""
+    return deliver_many(service, [(message_id, key)])[0]
+
+
+def deliver_many(
+    service: Service,
+    pairs: Sequence[tuple[int, str]],
+    *,
+    on_read: Callable[[Mapping[int, int]], object] | None = None,
+) -> list[Result]:
+    """One attempt at each message of ``pairs`` (id, key); the ``Result`` of each, in order.
+    ``on_read`` is called with each found message's attempt count once the rows are read,
+    before anything is sent."""
+    ids = sorted({message_id for message_id, _ in pairs})
     with service.autocommit.connect() as conn:
-        rows, now = read_with_clock(conn, _ROW_BY_ID, {"message_id": message_id})
-    row = rows[0] if rows else None
-    if row is None or row.key != key:
-        return Result(Action.SKIP, reason="no such message")
-    if row.status != Status.DISPATCHED:
-        return Result(Action.SKIP, status=row.status, reason=f"message is {row.status}")
-    if row.provider not in service.settings.providers:
-        return _not_configured(service, row)
-    early = (row.next_attempt_at - now).total_seconds()
-    if early > 0:
-        # A duplicate task, or a countdown that fired early: never send before the due time.
-        if early < 1.0:
-            return Result(Action.RETRY, status=row.status, delay=early, reason="not due yet")
-        return Result(Action.SKIP, status=row.status, reason="not due yet")
-    if row.expires_at is not None and now >= row.expires_at:
-        return _expire(service, row)
-    limiter = service.limiter(row.provider)
-    wait = limiter.acquire() if limiter is not None else 0.0
-    if wait > 0:
-        return _rate_limited(service, row, wait, now)
-
-    breaker = service.breaker(row.provider)
-    permit = breaker.allow()
-    if not permit.allowed:
-        return circuit_open(service, row, permit, now)
-
-    attempt = row.attempts + 1
-    with service.autocommit.connect() as conn:  # one UPDATE, committed when it returns (G2)
-        taken = move(
-            conn,
-            message_id,
-            row.attempts,
-            Status.DISPATCHED,
-            Status.SENDING,
-            attempts=attempt,
-            # Short: the worker renews it while the call runs, up to send_lease after this
-            # take (delivery.pipeline.leases); a killed worker's send comes back in seconds.
-            lease_expires_at=now + dt.timedelta(seconds=service.settings.hold_lease),
-        )
-    if not taken:
-        breaker.release(permit)
-        return Result(Action.SKIP, reason="taken by another worker")
-    emit(Transition(row.id, row.key, row.provider, Status.DISPATCHED, Status.SENDING, attempt))
-
-    provider = service.provider(row.provider)
-    envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
-    msg = in_flight(service, row, attempt)
-    # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
-    if row.needs_lookup and getattr(provider, "supports_lookup", True):
-        started = time.perf_counter()
-        found = calls.lookup(provider, envelope)
-        if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
-            breaker.record(permit, breaker_verdict(found))
-        lookup_result = after_lookup(service, msg, found, started)
-        if lookup_result is not None:
-            return lookup_result
-    started = time.perf_counter()
-    outcome = calls.send(provider, envelope)
-    recorded = breaker.record(permit, breaker_verdict(outcome))
-    return after_send(service, msg, outcome, started, recorded)
+        rows, now = read_with_clock(conn, _ROWS_BY_IDS, {"ids": ids})
+    clock = Clock(now, time.monotonic())
+    by_id = {row.id: row for row in rows}
+    if on_read is not None:
+        on_read({row.id: row.attempts for row in rows})
+    results: dict[int, Result] = {}
+    ready: list[Row[Any]] = []
+    first: dict[int, str] = {}
+    for message_id, key in pairs:
+        first.setdefault(message_id, key)
+    for message_id, key in first.items():
+        row = by_id.get(message_id)
+        if row is None or row.key != key:
+            results[message_id] = _NO_SUCH
+        elif row.status != Status.DISPATCHED:
+            reason = f"message is {row.status}"
+            results[message_id] = Result(Action.SKIP, status=row.status, reason=reason)
+        else:
+            ready.append(row)
+    results |= _attempts(service, ready, clock)
+    answered: set[int] = set()
+    out: list[Result] = []
+    for message_id, _ in pairs:
+        out.append(_REPEATED if message_id in answered else results[message_id])
+        answered.add(message_id)
+    return out
 
 
-def in_flight(service: Service, row: Row[Any], attempt: int) -> Sending:
-    """The frozen description of ``row`` taken for attempt number ``attempt``."""
-    kind = service.settings.types.get(row.message_type or "")
-    return Sending(
-        row.id,
-        row.key,
-        row.provider,
-        attempt,
-        row.max_attempts,
-        UnknownPolicy(row.on_unknown),
-        kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
-        row.created_at,
-        getattr(service.provider(row.provider), "in_progress_wait", None),
-    )
-
-
-def breaker_verdict(outcome: Outcome | LookupOutcome) -> Verdict:
-    """What one outcome says about the provider's health (``delivery.guards.breaker``):
-    unknown (no answer after the request was written) and retryable answers are failures,
-    except a 409 ``IDEMPOTENCY_IN_PROGRESS`` (the provider is up, busy with our earlier
-    attempt); a delivery or a lookup that answered (found, absent, or found undeliverable)
-    is a success; a permanent answer (4xx) and a failed lookup are neutral."""
-    if isinstance(outcome, Unknown):
-        return Verdict.FAILURE
-    if isinstance(outcome, Retryable):
-        in_progress = outcome.code == "IDEMPOTENCY_IN_PROGRESS"
-        return Verdict.NEUTRAL if in_progress else Verdict.FAILURE
-    if outcome.kind in ("delivered", "found", "absent", "undeliverable"):
-        return Verdict.SUCCESS
-    return Verdict.NEUTRAL
-
-
-@dataclass(frozen=True, slots=True)
-class _Leave:
-    """A ``dispatched`` row leaving without an attempt: where to, and what to log and store."""
-
-    to: Status
-    outcome: str
-    code: str
-    reason: str
-    delay: float | None = None
-
-
-def _leave_dispatched(service: Service, row: Row[Any], leave: _Leave, **values: object) -> bool:
-    """Move a row this worker never took out of ``dispatched`` (no attempt spent) and emit the
-    transition; False if someone else moved it first."""
-    with service.engine.begin() as conn:
-        done = move(
-            conn,
-            row.id,
-            row.attempts,
-            Status.DISPATCHED,
-            leave.to,
-            lease_expires_at=None,
-            last_error_code=leave.code,
-            last_error=leave.reason,
-            **values,
-        )
-    if done:
-        emit(
-            Transition(
-                row.id,
-                row.key,
-                row.provider,
-                Status.DISPATCHED,
-                leave.to,
-                row.attempts,
-                leave.outcome,
-                leave.code,
-                leave.delay,
-            )
-        )
-    return done
-
-
-def _expire(service: Service, row: Row[Any]) -> Result:
-    """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
-    reason = "time-to-live passed before it could be sent"
-    if not _leave_dispatched(service, row, _Leave(Status.EXPIRED, "expired", EXPIRED, reason)):
-        return Result(Action.SKIP, reason="taken by another worker")
-    return Result(Action.DONE, Status.EXPIRED, code=EXPIRED)
-
-
-def _not_configured(service: Service, row: Row[Any]) -> Result:
-    """A message whose provider is no longer configured can never be sent: it ends ``dead``
-    with ``PROVIDER_NOT_CONFIGURED`` (redrive it once the provider is back) instead of
-    cycling between ``dispatched`` and ``pending``."""
-    reason = f"provider {row.provider!r} is not configured (DELIVERY_CONFIG [providers])"
-    leave = _Leave(Status.DEAD, "permanent", PROVIDER_NOT_CONFIGURED, reason)
-    if not _leave_dispatched(service, row, leave):
-        return Result(Action.SKIP, reason="taken by another worker")
-    return Result(Action.DONE, Status.DEAD, code=PROVIDER_NOT_CONFIGURED, reason=reason)
-
-
-def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime) -> Result:
-    """Over the provider's rate: come back when a token is there (plus a little jitter so
-    that waiting workers do not all return at once). The row stays ``dispatched``; only its
-    lease is extended when the wait would outlast it."""
-    provider, lease = row.provider, row.lease_expires_at
-    delay = wait + service.rng.uniform(0.0, min(wait, 1.0))
-    if lease is not None and lease < now + dt.timedelta(seconds=delay + 5.0):
-        until = now + dt.timedelta(seconds=delay + service.settings.hold_lease)
-        with service.engine.begin() as conn:
-            extend_lease(conn, row.id, row.attempts, until)
-    return Result(
-        Action.RETRY, Status.DISPATCHED, delay, RATE_LIMITED, f"provider {provider!r} rate limit"
-    )
-
-
-def circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.datetime) -> Result:
-    """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
-    without spending an attempt."""
-    provider = row.provider
-    wait = probe_wait(service, permit.retry_at)
-    due = now + dt.timedelta(seconds=wait)
-    reason = (
-        f"circuit breaker of provider {provider!r} is {permit.state}; "
-        f"next try at {due.isoformat(timespec='seconds')}"
-    )
-    leave = _Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
-    if not _leave_dispatched(service, row, leave, next_attempt_at=due):
-        return Result(Action.SKIP, reason="taken by another worker")
-    return Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)
+def _call(
+    service: Service, slots: threading.BoundedSemaphore, taken: Taken
+) -> tuple[int, Result | Sent]:
+    try:
+        return taken.row.id, call(service, taken)
+    finally:
+        slots.release()

@@ -24,47 +24,44 @@ lease, fenced on this attempt, and go on and send (nothing is sent if the row is
 this attempt's: a lookup that outlived the lease); ``LookupFailed`` -> wait and look again
 (``unknown`` once the attempts are spent); ``Undeliverable`` (the provider has it and
 reports that it can never reach the recipient) -> ``dead`` with the provider's code.
-Every move goes through ``delivery.pipeline.transitions`` and emits a ``Transition``.
+Every move is a transition of ``delivery.pipeline.transitions.worker``, which emits its
+``Transition``.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import time
-from collections.abc import Mapping
-from dataclasses import replace
-from typing import Any
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 
 from sqlalchemy import Connection
 
 from delivery.guards.breaker import Recorded
-from delivery.observability import events
 from delivery.pipeline import outcomes
 from delivery.pipeline.backoff import compute_backoff
-from delivery.pipeline.clock import db_now, sql_now
+from delivery.pipeline.clock import db_now
 from delivery.pipeline.policies import UnknownPolicy
 from delivery.pipeline.status import Status
-from delivery.pipeline.transitions import (
-    Action,
-    Failure,
-    Result,
-    Sending,
-    attempt_row,
-    finish,
-    finish_logged,
-    in_progress,
-    log_attempt,
-    move,
-    park,
-)
+from delivery.pipeline.transitions import Action, Failure, Result, Sending, in_progress
+from delivery.pipeline.transitions.attempts import log_attempt
+from delivery.pipeline.transitions.worker import Accepted, finish_sent, park, renew, stop
 from delivery.runtime.service import Service
 
-__all__ = ["CIRCUIT_JITTER", "after_lookup", "after_send", "emit", "probe_wait"]
+__all__ = [
+    "CIRCUIT_JITTER",
+    "Sent",
+    "after_lookup",
+    "after_send",
+    "after_sends",
+    "probe_wait",
+]
 
 CIRCUIT_JITTER = 1.0
 """Up to this many seconds are added to a wait for the breaker's next probe time."""
 
 _CHANGED = Result(Action.SKIP, reason="row changed while sending")
+_DONE_SENT = Result(Action.DONE, Status.SENT)
 _NO_BREAKER = Recorded()
 
 
@@ -72,33 +69,66 @@ def after_lookup(
     service: Service, msg: Sending, found: outcomes.LookupOutcome, started: float
 ) -> Result | None:
     """Apply a lookup's answer; ``None`` means the key is absent: go on and send."""
+    if isinstance(found, outcomes.Found):
+        return _sent(service, [(msg, "lookup", found, _ms_since(started))])[msg.id]
     with service.engine.begin() as conn:
         log_attempt(conn, msg, "lookup", found, started)
         match found:
-            case outcomes.Found(provider_ref=ref):
-                return _sent(conn, msg, ref, "found")
             case outcomes.Absent():
                 # Ours still? The lookup may have outlived the lease: the row may have been
                 # recovered and taken by another worker. Renew the lease (fenced on this
                 # attempt) before sending, or send nothing.
                 lease = db_now(conn) + dt.timedelta(seconds=service.settings.send_lease)
-                if move(
-                    conn,
-                    msg.id,
-                    msg.attempt,
-                    Status.SENDING,
-                    Status.SENDING,
-                    lease_expires_at=lease,
-                    needs_lookup=False,
-                ):
-                    return None
-                return _CHANGED
+                return None if renew(conn, msg, lease) else _CHANGED
             case outcomes.LookupFailed(code=code, reason=reason):
                 failure = Failure(code, reason, "lookup_failed", Status.UNKNOWN)
                 return _retry_or_stop(service, conn, msg, failure)
             case outcomes.Undeliverable(code=code, reason=reason):
                 return _stop(conn, msg, Failure(code, reason, "undeliverable", Status.DEAD))
     raise AssertionError(found)
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A call made: the message, its outcome, when the call started (``perf_counter``) and
+    what the breaker answered when it was recorded."""
+
+    msg: Sending
+    outcome: outcomes.Outcome
+    started: float
+    breaker: Recorded = _NO_BREAKER
+
+
+def after_sends(service: Service, calls: Sequence[Sent]) -> dict[int, Result]:
+    """Apply the outcome of each call (the table in the module docstring), by message id:
+    every delivery in one statement (``transitions.finish_sent``), each other outcome in its
+    own transaction with its attempt's row."""
+    results = _sent(
+        service,
+        [
+            (c.msg, "send", c.outcome, _ms_since(c.started))
+            for c in calls
+            if isinstance(c.outcome, outcomes.Delivered)
+        ],
+    )
+    for c in calls:
+        if not isinstance(c.outcome, outcomes.Delivered):
+            results[c.msg.id] = _after_failure(service, c)
+    return results
+
+
+def _sent(service: Service, accepted: Sequence[Accepted]) -> dict[int, Result]:
+    """``sent`` for every accepted call, in one statement (autocommit on PostgreSQL)."""
+    if not accepted:
+        return {}
+    postgresql = service.engine.dialect.name == "postgresql"
+    with service.autocommit.connect() if postgresql else service.engine.begin() as conn:
+        moved = finish_sent(conn, accepted)
+    return {msg.id: _DONE_SENT if msg.id in moved else _CHANGED for msg, *_ in accepted}
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
 
 
 def after_send(
@@ -108,18 +138,16 @@ def after_send(
     started: float,
     breaker: Recorded = _NO_BREAKER,
 ) -> Result:
-    """Apply a send's outcome (the table in the module docstring); ``breaker``: what the
-    provider's breaker answered when the outcome was recorded."""
-    if isinstance(outcome, outcomes.Delivered) and service.engine.dialect.name == "postgresql":
-        # The common case in one statement and one round trip (``finish_logged``).
-        attempt = attempt_row(msg, "send", outcome, (time.perf_counter() - started) * 1000.0)
-        with service.autocommit.connect() as conn:
-            return _sent(conn, msg, outcome.provider_ref, "delivered", attempt)
+    """``after_sends`` for one call; ``breaker``: what the provider's breaker answered when
+    the outcome was recorded."""
+    return after_sends(service, [Sent(msg, outcome, started, breaker)])[msg.id]
+
+
+def _after_failure(service: Service, call: Sent) -> Result:
+    msg, outcome, breaker = call.msg, call.outcome, call.breaker
     with service.engine.begin() as conn:
-        log_attempt(conn, msg, "send", outcome, started)
+        log_attempt(conn, msg, "send", outcome, call.started)
         match outcome:
-            case outcomes.Delivered(provider_ref=ref):
-                return _sent(conn, msg, ref, "delivered")
             case outcomes.Permanent(code=code, reason=reason):
                 return _stop(conn, msg, Failure(code, reason, "permanent", Status.DEAD))
             case outcomes.Retryable() if in_progress(outcome):
@@ -136,45 +164,10 @@ def after_send(
     raise AssertionError(outcome)
 
 
-def _sent(
-    conn: Connection,
-    msg: Sending,
-    ref: str | None,
-    outcome: str,
-    attempt: Mapping[str, Any] | None = None,
-) -> Result:
-    """``sending`` -> ``sent``; with ``attempt``, its row is written by the same statement."""
-    done: dict[str, Any] = dict(
-        provider_ref=ref,
-        sent_at=sql_now(conn),  # the database's clock, inside the UPDATE
-        lease_expires_at=None,
-        needs_lookup=False,
-        last_error_code=None,
-        last_error=None,
-    )
-    if attempt is None:
-        moved = finish(conn, msg, Status.SENT, **done)
-    else:
-        moved = finish_logged(conn, msg, attempt, Status.SENT, **done)
-    if moved:
-        emit(msg, Status.SENT, outcome, enqueued_at=msg.enqueued_at)
-        return Result(Action.DONE, Status.SENT)
-    return _CHANGED
-
-
 def _stop(conn: Connection, msg: Sending, failure: Failure) -> Result:
     """End the message in ``failure.final`` (dead or unknown)."""
-    code, status = failure.code, failure.final
-    if finish(
-        conn,
-        msg,
-        status,
-        lease_expires_at=None,
-        last_error_code=code[:64],
-        last_error=failure.reason,
-    ):
-        emit(msg, status, failure.outcome, code)
-        return Result(Action.DONE, status, code=code, reason=failure.reason)
+    if stop(conn, msg, failure):
+        return Result(Action.DONE, failure.final, code=failure.code, reason=failure.reason)
     return _CHANGED
 
 
@@ -238,33 +231,5 @@ def _park(
     status = park(conn, msg, delay, service.settings, failure, now=db_now(conn), **values)
     if status is None:
         return _CHANGED
-    emit(msg, status, failure.outcome, failure.code, round(delay, 3))
     action = Action.RETRY if status is Status.DISPATCHED else Action.PARKED
     return Result(action, status, delay, failure.code, failure.reason)
-
-
-def emit(
-    msg: Sending,
-    to: Status,
-    outcome: str,
-    code: str | None = None,
-    delay: float | None = None,
-    *,
-    enqueued_at: dt.datetime | None = None,
-) -> None:
-    """Announce the transition of this attempt's ``sending`` row to ``to`` (once it is
-    committed or about to be, in the transaction that moved it)."""
-    events.emit(
-        events.Transition(
-            msg.id,
-            msg.key,
-            msg.provider,
-            Status.SENDING,
-            to,
-            msg.attempt,
-            outcome,
-            code,
-            delay,
-            enqueued_at,
-        )
-    )

@@ -24,7 +24,8 @@
   late (an OTP is worthless after five minutes).
 
 Every transition is a conditional UPDATE on the expected status (and attempt count), so a
-duplicate task, a second relay or a late worker changes nothing.
+duplicate task, a second relay or a late worker changes nothing; each is a named function of
+``delivery.pipeline.transitions``, the one room that writes the status.
 """
 
 from __future__ import annotations
