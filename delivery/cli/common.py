@@ -34,7 +34,7 @@ from delivery.config.settings import Settings
 from delivery.errors import DeliveryError
 from delivery.pipeline.bounds import printable
 from delivery.pipeline.models import utcnow
-from delivery.runtime.db import make_engine, make_sessionmaker
+from delivery.runtime.db import database_error, make_engine, make_sessionmaker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -72,11 +72,7 @@ class DeliveryGroup(click.Group):
             echo(f"error: {exc}", err=True)
             ctx.exit(2)
         except (OperationalError, ProgrammingError) as exc:
-            echo(
-                f"error: database: {exc.orig} (is it reachable, and migrated with "
-                "`delivery db upgrade`?)",
-                err=True,
-            )
+            echo(f"error: {database_error(exc)}", err=True)
             ctx.exit(2)
 
 
