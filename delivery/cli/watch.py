@@ -13,6 +13,7 @@ from sqlalchemy import Engine
 
 from delivery import ops
 from delivery.cli.common import (
+    binding,
     age,
     cell,
     current_settings,
@@ -153,9 +154,10 @@ def metrics_command(host: str, port: int) -> None:
     with open_engine(settings) as engine:
         breakers = None if settings.redis_url is None else Breakers(settings)
         reader = None if breakers is None else breaker_reader(breakers)
-        server, thread = start_http_server(
-            port, addr=host, registry=exporter_registry(engine, reader)
-        )
+        with binding(host, port):
+            server, thread = start_http_server(
+                port, addr=host, registry=exporter_registry(engine, reader)
+            )
         click.echo(f"serving metrics on http://{host}:{server.server_port}/metrics", err=True)
         try:
             thread.join()

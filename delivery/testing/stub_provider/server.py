@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from types import FrameType, TracebackType
 from typing import Any
@@ -108,7 +109,8 @@ class StubServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the stub in the foreground until SIGINT or SIGTERM."""
+    """Run the stub in the foreground until SIGINT or SIGTERM. A port it cannot bind (taken by
+    another process, or not allowed) ends it with one line naming the port, and status 2."""
     parser = argparse.ArgumentParser(
         prog="python -m delivery.testing.stub_provider",
         description="Fault-injecting stub of the reference message provider.",
@@ -118,7 +120,15 @@ def main(argv: list[str] | None = None) -> None:
         "--port", type=int, default=9090, help="port to bind, 0 for any (default %(default)s)"
     )
     args = parser.parse_args(argv)
-    stub = StubServer(args.host, args.port)
+    try:
+        stub = StubServer(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
+            f"(does another process have port {args.port}? choose another with --port)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
     in_main_thread = threading.current_thread() is threading.main_thread()
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {signum: signal.getsignal(signum) for signum in signals}
