@@ -246,3 +246,33 @@ def test_delivery_flower_serves_with_auth_and_keeps_its_state(
     finally:
         proc.stop()
     assert list(state.parent.glob("flower.db*")), "Flower saved no state on shutdown"
+
+
+# -- a stop that comes before the start ----------------------------------------------------------
+
+
+def test_a_stub_whose_start_was_interrupted_stops_without_joining_an_unstarted_thread(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Ctrl-C inside ``StubServer.start`` (``Thread.start`` interrupted): ``stop`` then neither
+    joins the thread that never started (``RuntimeError: cannot join thread before it is
+    started``) nor waits forever for a serve loop that never ran, and the port is released."""
+    import threading
+
+    from delivery.testing.stub_provider import StubServer
+
+    def interrupted(self: threading.Thread) -> None:
+        raise KeyboardInterrupt
+
+    stub = StubServer()
+    port = stub.port
+    with monkeypatch.context() as patch:
+        patch.setattr(threading.Thread, "start", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            stub.start()
+    stopper = threading.Thread(target=stub.stop, daemon=True)
+    stopper.start()
+    stopper.join(10)
+    assert not stopper.is_alive(), "stop() hangs on a serve loop that never ran"
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))  # released

@@ -43,11 +43,16 @@ class StubServer:
             if self._closed:
                 raise RuntimeError("stub server is stopped")
             if self._thread is None:
-                self._serving = True
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._serve, name=f"stub-provider:{self.port}", daemon=True
                 )
-                self._thread.start()
+                self._serving = True
+                try:
+                    thread.start()
+                except BaseException:  # interrupted (Ctrl-C): nothing serves, nothing to join
+                    self._serving = False
+                    raise
+                self._thread = thread  # only a started thread is ever joined
         return self
 
     def serve_forever(self) -> None:
@@ -76,8 +81,9 @@ class StubServer:
             self._httpd.shutdown()
         self._httpd.close_connections()
         self._httpd.server_close()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout=5)
 
     def __enter__(self) -> StubServer:
         return self.start()
@@ -133,14 +139,20 @@ def main(argv: list[str] | None = None) -> None:
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {signum: signal.getsignal(signum) for signum in signals}
     stopping: list[threading.Thread] = []
+    starting: list[bool] = []
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         # Stop from a thread of its own: serve_forever then returns between two polls, and no
         # exception is raised at whatever line the main thread was on (which could leave a
         # lock held and the process hanging).
-        if not stopping:
-            stopping.append(threading.Thread(target=stub.stop, name="stub-provider-stop"))
-            stopping[0].start()
+        # A second signal (Ctrl-C's SIGINT, then a script's SIGTERM) may run inside this
+        # handler, before start() returns: the thread is recorded only once it is started, so
+        # the finally below never joins a thread that was not started.
+        if not starting:
+            starting.append(True)
+            thread = threading.Thread(target=stub.stop, name="stub-provider-stop")
+            thread.start()
+            stopping.append(thread)
 
     if in_main_thread:
         for signum in signals:  # also when SIGINT was ignored (e.g. started with `&`)
@@ -149,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         stub.serve_forever()
     except RuntimeError:
-        if not stopping:  # stopped by a signal before it began serving: a clean exit
+        if not starting:  # stopped by a signal before it began serving: a clean exit
             raise
     except KeyboardInterrupt:  # not the main thread, or a handler of the caller's
         pass
