@@ -41,7 +41,7 @@ from delivery.contrib.django import models as django_models
 from delivery.contrib.django.connection import sqlalchemy_url
 from delivery.pipeline.models import Attempt, AuditEntry, Message
 from tests.conftest import PG_URL, drained
-from tests.test_startup import scratch_db  # noqa: F401  (a database of one test's own)
+from tests.test_startup import scratch_database
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -444,6 +444,12 @@ def test_django_enqueue_takes_delivery_enqueue_keyword_arguments(db: Engine) -> 
         message = enqueue(type="otp", to="+12015550111", payload={"body": "1"}, send_at=later)
     row = django_models.Message.objects.get(key=message.key)
     assert (row.channel, row.message_type, row.priority) == ("sms", "otp", "urgent")
+
+
+@pytest.fixture
+def scratch_db(pg_engine: Engine) -> Iterator[str]:
+    with scratch_database() as url:
+        yield url
 
 
 def test_management_commands_that_never_send_need_no_broker(

@@ -16,11 +16,13 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
 import pytest
 from sqlalchemy import Engine, create_engine, text
+from sqlalchemy.orm import Session
 
 from tests.conftest import PG_SERVER, PG_URL, RUN_DIR, SLOT, free_port
 
@@ -45,9 +47,9 @@ def lines_naming(output: str, word: str) -> list[str]:
     return [line for line in output.splitlines() if word in line]
 
 
-@pytest.fixture
-def scratch_db(pg_engine: Engine) -> Iterator[str]:
-    """A PostgreSQL database of this test alone (unique name), created empty and dropped."""
+@contextmanager
+def scratch_database() -> Iterator[str]:
+    """A PostgreSQL database of one test alone (unique name), created empty and dropped."""
     name = f"delivery_startup{SLOT}_{uuid.uuid4().hex[:8]}"
     admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
     with admin.connect() as conn:
@@ -58,6 +60,12 @@ def scratch_db(pg_engine: Engine) -> Iterator[str]:
         with admin.connect() as conn:
             conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
         admin.dispose()
+
+
+@pytest.fixture
+def scratch_db(pg_engine: Engine) -> Iterator[str]:
+    with scratch_database() as url:
+        yield url
 
 
 def celery(process: str) -> list[str]:
@@ -103,7 +111,9 @@ def test_an_unmigrated_database_stops_worker_and_beat_in_one_line(
 ) -> None:
     """A database that exists but holds no outbox tables: one line naming the variable, the
     revision it needs and ``delivery db upgrade``."""
-    line = refused(process, {"DELIVERY_DATABASE_URL": scratch_db}, "DELIVERY_DATABASE_URL", tmp_path)
+    line = refused(
+        process, {"DELIVERY_DATABASE_URL": scratch_db}, "DELIVERY_DATABASE_URL", tmp_path
+    )
     assert "revision none" in line and "delivery db upgrade" in line
 
 
@@ -114,7 +124,10 @@ def test_an_unreachable_broker_stops_worker_and_beat_in_one_line(
 ) -> None:
     """A broker URL on a closed port (the outbox itself fine): one line naming
     DELIVERY_BROKER_URL, within 10 s, instead of retrying the connection forever."""
-    env = {"DELIVERY_DATABASE_URL": PG_URL, "DELIVERY_BROKER_URL": f"redis://127.0.0.1:{closed_port()}/0"}
+    env = {
+        "DELIVERY_DATABASE_URL": PG_URL,
+        "DELIVERY_BROKER_URL": f"redis://127.0.0.1:{closed_port()}/0",
+    }
     line = refused(process, env, "DELIVERY_BROKER_URL", tmp_path)
     assert "cannot connect" in line
 
@@ -155,7 +168,9 @@ def test_a_command_without_its_extra_says_which_in_one_line(
 ) -> None:
     """Without its extra a command exits 2 before doing anything, with one line naming the
     pip extra (``delivery demo --console`` no longer runs the demo first)."""
-    done = run([sys.executable, "-m", "delivery.cli", *args], without(module, tmp_path), tmp_path, 30)
+    done = run(
+        [sys.executable, "-m", "delivery.cli", *args], without(module, tmp_path), tmp_path, 30
+    )
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stdout == ""
     assert done.stderr.strip().splitlines() == [
@@ -191,7 +206,9 @@ def test_a_server_command_on_a_busy_port_says_so_in_one_line(
             "DELIVERY_BROKER_URL": "filesystem://",
             "DELIVERY_CONSOLE_AUTH": "ops:a-long-passphrase",
         }
-        done = run([sys.executable, "-m", "delivery.cli", command, f"--port={port}"], env, tmp_path, 30)
+        done = run(
+            [sys.executable, "-m", "delivery.cli", command, f"--port={port}"], env, tmp_path, 30
+        )
     assert done.returncode == 2, done.stdout + done.stderr
     assert done.stderr.strip().splitlines() == [
         f"error: cannot listen on 127.0.0.1:{port}: Address already in use "
@@ -276,3 +293,92 @@ def test_a_stub_whose_start_was_interrupted_stops_without_joining_an_unstarted_t
     assert not stopper.is_alive(), "stop() hangs on a serve loop that never ran"
     with socket.socket() as s:
         s.bind(("127.0.0.1", port))  # released
+
+
+# -- what the commands say ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", [["stats"], ["dead"], ["show", "k"], ["db", "current"]])
+def test_a_command_on_an_unmigrated_outbox_names_the_variable_in_one_line(
+    command: list[str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every command's database error names DELIVERY_DATABASE_URL (the variable the user
+    set, not a field called "database") and the migration command, in one line, exit 2."""
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+
+    monkeypatch.setenv("DELIVERY_DATABASE_URL", f"sqlite:///{tmp_path}/empty.sqlite3")
+    monkeypatch.setenv("DELIVERY_BROKER_URL", "filesystem://")
+    result = CliRunner().invoke(main, command)
+    if command == ["db", "current"]:  # reads the revision only: an empty database is "none"
+        assert (result.exit_code, result.output) == (0, "none\n")
+        return
+    assert result.exit_code == 2, result.output
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: config DELIVERY_DATABASE_URL: the outbox sqlite:///"), line
+    assert "has no delivery tables" in line and line.endswith("run `delivery db upgrade`")
+
+
+def test_a_command_on_a_missing_database_names_the_variable_in_one_line(
+    pg_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A PostgreSQL URL naming no database: ``stats`` says so naming the variable."""
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+
+    monkeypatch.setenv("DELIVERY_DATABASE_URL", f"{PG_SERVER}/delivery_startup_missing_x")
+    result = CliRunner().invoke(main, ["stats"])
+    assert result.exit_code == 2
+    (line,) = result.output.strip().splitlines()
+    assert line.startswith("error: config DELIVERY_DATABASE_URL: cannot use the outbox ")
+    assert "does not exist" in line and "delivery db upgrade" in line
+
+
+def test_db_upgrade_prints_each_migrations_one_line_summary(tmp_path: Path) -> None:
+    """``delivery db upgrade`` prints one clean sentence per migration (its docstring's first
+    line: no backticks, none cut mid-sentence), and every migration has such a line."""
+    from delivery.runtime.db import head_revision, revisions_between
+
+    summaries = revisions_between(None, head_revision())
+    assert summaries and all(s.endswith(".") and "`" not in s for _, s in summaries), summaries
+    env = {
+        **os.environ,
+        "DELIVERY_DATABASE_URL": f"sqlite:///{tmp_path}/new.sqlite3",
+        "DELIVERY_BROKER_URL": "filesystem://",
+    }
+    done = run([sys.executable, "-m", "delivery.cli", "db", "upgrade"], env, tmp_path, 60)
+    assert done.returncode == 0, done.stderr
+    applied = [line for line in done.stdout.splitlines() if line.startswith("applied ")]
+    assert applied == [f"applied {rev}: {summary}" for rev, summary in summaries]
+
+
+def test_stats_says_what_its_age_counts(db_url: str) -> None:
+    """``stats`` names its age "oldest due message" and says scheduled ones do not count."""
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+
+    result = CliRunner().invoke(main, ["stats"])
+    assert result.exit_code == 0, result.output
+    assert (
+        "oldest due message: none (pending or in flight, and due; messages scheduled for later "
+        "do not count)" in result.output
+    )
+
+
+def test_show_says_what_round_and_try_count(session: Session) -> None:
+    """``delivery show`` explains its timeline's round and try numbers under it."""
+    from click.testing import CliRunner
+
+    from delivery.cli import main
+    from tests.factories import add, add_attempt
+
+    message = add(session, "s-1", "dead", attempts=1)
+    add_attempt(session, message.id, "permanent")
+    result = CliRunner().invoke(main, ["show", "s-1"])
+    assert result.exit_code == 0, result.output
+    assert "try N: the message's attempt count at that call, across rounds" in " ".join(
+        result.output.split()
+    )

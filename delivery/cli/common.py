@@ -78,7 +78,11 @@ class DeliveryGroup(click.Group):
             echo(f"error: {exc}", err=True)
             ctx.exit(2)
         except (OperationalError, ProgrammingError) as exc:
-            echo(f"error: {database_error(exc)}", err=True)
+            try:
+                url: str | None = current_settings().database_url  # read fine a moment ago
+            except DeliveryError:
+                url = None
+            echo(f"error: {database_error(exc, url)}", err=True)
             ctx.exit(2)
 
 

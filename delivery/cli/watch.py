@@ -13,8 +13,8 @@ from sqlalchemy import Engine
 
 from delivery import ops
 from delivery.cli.common import (
-    binding,
     age,
+    binding,
     cell,
     current_settings,
     echo_json,
@@ -75,7 +75,7 @@ def _watch_view(snapshot: dict[str, Any]) -> Group:
     rates = new_table("per minute (last 60 s)", "")
     for name, value in snapshot["rates_per_minute"].items():
         rates.add_row(cell(name), cell(f"{value:g}"))
-    rates.add_row(cell("oldest pending"), cell(age(snapshot["oldest_pending_age_seconds"])))
+    rates.add_row(cell("oldest due message"), cell(age(snapshot["oldest_pending_age_seconds"])))
     rates.add_row(cell("relay lag"), cell(age(snapshot["relay_lag_seconds"])))
     breakers = new_table("provider", "breaker")
     for provider, state in snapshot["breakers"].items():
