@@ -34,7 +34,7 @@ def db_upgrade() -> None:
         try:
             before = current_revision(engine)
         except OperationalError as exc:
-            raise database_error(exc, settings.database_url) from None
+            raise database_error(exc, settings.database_url, upgrading=True) from None
         upgrade(engine)
         revision = current_revision(engine)
     applied = revisions_between(before, revision)

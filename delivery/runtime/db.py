@@ -155,18 +155,22 @@ def _shown(url: str) -> str:
     return make_url(url).render_as_string(hide_password=True)
 
 
-def database_error(exc: DBAPIError, url: str | None = None) -> ConfigError:
+def database_error(
+    exc: DBAPIError, url: str | None = None, *, upgrading: bool = False
+) -> ConfigError:
     """The one-line error for a database error a command or a process start ran into: it
-    names ``DELIVERY_DATABASE_URL`` and what to do, with the driver's last line only (never the
+    names ``DELIVERY_DATABASE_URL`` and what to do (``upgrading``: the error is the migration
+    command's own, which must not suggest itself), with the driver's last line only (never the
     statement or its parameters)."""
     reason = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[-1].strip()
     where = f" {_shown(url)}" if url else ""
     if "no such table" in reason or ("relation" in reason and "does not exist" in reason):
         problem = f"the outbox{where} has no delivery tables ({reason}): run {UPGRADE_HINT}"
     else:
+        then = "or fix the URL" if upgrading else f"and run {UPGRADE_HINT}"
         problem = (
             f"cannot use the outbox{where}: {reason} (is it reachable? create the database, "
-            f"e.g. `createdb NAME`, and run {UPGRADE_HINT})"
+            f"e.g. `createdb NAME`, {then})"
         )
     return ConfigError(DATABASE_VARIABLE, problem)
 
