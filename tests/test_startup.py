@@ -382,3 +382,45 @@ def test_show_says_what_round_and_try_count(session: Session) -> None:
     assert "try N: the message's attempt count at that call, across rounds" in " ".join(
         result.output.split()
     )
+
+
+#: Runs the stub's foreground ``main`` with the interleaving Ctrl-C on run.sh produces: the
+#: terminal's SIGINT and the script's SIGTERM arrive together, so the second handler runs
+#: inside the first, while it builds its stop thread. Making the stop thread's constructor
+#: raise the second signal and wait for it pins that interleaving down.
+SECOND_SIGNAL_INSIDE_THE_FIRST = """
+import os, signal, sys, threading, time
+real_init = threading.Thread.__init__
+sent = []
+def init(self, *args, **kwargs):
+    if kwargs.get("name") == "stub-provider-stop" and not sent:
+        sent.append(True)
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the SIGTERM handler runs here, inside the SIGINT one
+    real_init(self, *args, **kwargs)
+threading.Thread.__init__ = init
+def press_ctrl_c():  # once main() has installed its handlers, however slow the start
+    while signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        time.sleep(0.01)
+    time.sleep(0.2)
+    os.kill(os.getpid(), signal.SIGINT)
+threading.Thread(target=press_ctrl_c, daemon=True).start()
+from delivery.testing.stub_provider import main
+main(["--port", "0"])
+print("stopped cleanly")
+"""
+
+
+def test_the_stub_stops_cleanly_when_a_second_signal_lands_inside_the_first() -> None:
+    """SIGTERM handled inside the SIGINT handler (Ctrl-C on run.sh): the stub exits 0 without
+    ``RuntimeError: cannot join thread before it is started`` (before: the nested handler
+    started its own stop thread, the outer one then started that thread again, and the
+    thread it had built was joined without ever being started)."""
+    done = subprocess.run(
+        [sys.executable, "-c", SECOND_SIGNAL_INSIDE_THE_FIRST],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert "RuntimeError" not in done.stderr, done.stderr
+    assert done.returncode == 0 and "stopped cleanly" in done.stdout, done.stderr
