@@ -146,8 +146,8 @@ def main(argv: list[str] | None = None) -> None:
         # exception is raised at whatever line the main thread was on (which could leave a
         # lock held and the process hanging).
         # A second signal (Ctrl-C's SIGINT, then a script's SIGTERM) may run inside this
-        # handler, before start() returns: the thread is recorded only once it is started, so
-        # the finally below never joins a thread that was not started.
+        # handler: ``starting`` is claimed first, so the nested call does nothing, and a
+        # thread is recorded only once started, so the finally below joins only those.
         if not starting:
             starting.append(True)
             thread = threading.Thread(target=stub.stop, name="stub-provider-stop")
