@@ -238,7 +238,8 @@ def test_message_page_opens_by_key_or_id_and_shows_the_timeline(
     client: FlaskClient, session: Session
 ) -> None:
     """``/messages/<key>`` and ``/messages/<id>`` open the message: masked recipient, its
-    attempts with codes, a Flower link by key; an unknown ref is a 404."""
+    attempts with codes, what round and try count; no Flower link without
+    DELIVERY_FLOWER_URL (the demo runs no Flower); an unknown ref is a 404."""
     message = add(session, "order-7:receipt", "dead", last_error_code="21211", attempts=1)
     add_attempt(
         session, message.id, "permanent", http_status=400, error_code="21211", latency_ms=12.0
@@ -247,8 +248,21 @@ def test_message_page_opens_by_key_or_id_and_shows_the_timeline(
         page = get(client, f"/messages/{ref}").get_data(as_text=True)
         assert "order-7:receipt" in page and "21211" in page and "permanent" in page
         assert RECIPIENT not in page
-        assert "/task/order-7%3Areceipt" in page
+        assert "/task/" not in page and "Flower" not in page
+        assert "try N: the message's attempt count at that call, across rounds" in page
     assert get(client, "/messages/nope").status_code == 404
+
+
+def test_message_page_links_to_flower_when_its_url_is_configured(
+    db_url: str, session: Session
+) -> None:
+    """With DELIVERY_FLOWER_URL the message page links to its task in that Flower, by key."""
+    users = parse_users({"DELIVERY_CONSOLE_AUTH": f"{OPERATOR[0]}:{OPERATOR[1]}"})
+    environ = {"DELIVERY_FLOWER_URL": "https://flower.example.com/"}
+    application = create_app(settings=load_settings(), users=users, environ=environ)
+    add(session, "order-8:receipt", "dead")
+    page = get(application.test_client(), "/messages/order-8:receipt").get_data(as_text=True)
+    assert 'href="https://flower.example.com/task/order-8%3Areceipt"' in page
 
 
 def test_redrive_from_the_message_page_confirms_then_redrives_and_audits(
@@ -370,10 +384,12 @@ def test_bulk_resolve_unknown_as_dead(client: FlaskClient, session: Session, app
 # --- breakers, audit, prune -----------------------------------------------------------------
 
 
-def test_breakers_page_says_why_without_shared_redis(client: FlaskClient) -> None:
-    """Without DELIVERY_REDIS_URL the page says breakers are per worker instead of failing."""
+def test_breakers_page_notes_in_process_breakers_without_shared_redis(client: FlaskClient) -> None:
+    """Without DELIVERY_REDIS_URL (the embedded default, the demo) the page says, in a neutral
+    note and not as a problem, that each worker keeps its own breakers."""
     page = get(client, "/breakers").get_data(as_text=True)
-    assert "DELIVERY_REDIS_URL is not set" in page
+    assert '<p class="note">Each worker keeps its own breakers, in its process' in page
+    assert 'class="problem"' not in page
 
 
 def test_cli_repairs_are_audited_with_the_cli_actor(session: Session) -> None:
@@ -445,3 +461,16 @@ def test_overview_charts_are_reused_for_a_short_while() -> None:
     now[0] = 30.5
     assert cache.get("k", 30.0, compute) == 2
     assert (chart_ttl(60.0), chart_ttl(900.0)) == (30.0, 60.0)
+
+
+def test_bulk_actions_are_offered_only_when_something_matches(
+    client: FlaskClient, session: Session
+) -> None:
+    """An empty /unknown (or a filter nothing matches) offers no "Resolve as dead all
+    matching"; with a matching message the bulk actions are there."""
+    assert "all matching" not in get(client, "/unknown").get_data(as_text=True)
+    assert "all matching" not in get(client, "/dead").get_data(as_text=True)
+    add(session, "m-1", "unknown", last_error_code="TIMEOUT")
+    page = get(client, "/unknown").get_data(as_text=True)
+    assert "Resolve as dead all matching" in page
+    assert "all matching" not in get(client, "/unknown?code=NOPE").get_data(as_text=True)

@@ -9,7 +9,11 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import django
@@ -29,7 +33,7 @@ from django.contrib.auth.models import User
 from django.core.management import call_command
 from django.db import connection, transaction
 from django.test import Client, TestCase, override_settings
-from sqlalchemy import Engine, text
+from sqlalchemy import Engine, create_engine, text
 
 import delivery
 from delivery.contrib.django import enqueue
@@ -37,6 +41,9 @@ from delivery.contrib.django import models as django_models
 from delivery.contrib.django.connection import sqlalchemy_url
 from delivery.pipeline.models import Attempt, AuditEntry, Message
 from tests.conftest import PG_URL, drained
+from tests.test_startup import scratch_database
+
+ROOT = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.integration
 ADMIN = "/admin/delivery_outbox/message/"
@@ -437,3 +444,55 @@ def test_django_enqueue_takes_delivery_enqueue_keyword_arguments(db: Engine) -> 
         message = enqueue(type="otp", to="+12015550111", payload={"body": "1"}, send_at=later)
     row = django_models.Message.objects.get(key=message.key)
     assert (row.channel, row.message_type, row.priority) == ("sms", "otp", "urgent")
+
+
+@pytest.fixture
+def scratch_db(pg_engine: Engine) -> Iterator[str]:
+    with scratch_database() as url:
+        yield url
+
+
+def test_management_commands_that_never_send_need_no_broker(
+    scratch_db: str, tmp_path: Path
+) -> None:
+    """With only DELIVERY_DATABASE_URL exported, ``migrate`` and ``createsuperuser`` run (they
+    never send); an enqueue in that process then fails naming DELIVERY_BROKER_URL, and writes
+    nothing."""
+    env = {**os.environ, "DELIVERY_DATABASE_URL": scratch_db, "DJANGO_SUPERUSER_PASSWORD": "pw"}
+    env.pop("DELIVERY_BROKER_URL")
+    manage = [sys.executable, str(ROOT / "examples" / "django_app" / "manage.py")]
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [*manage, *args], env=env, cwd=tmp_path, capture_output=True, text=True, timeout=120
+        )
+
+    subprocess.run(
+        [sys.executable, "-m", "delivery.cli", "db", "upgrade"],
+        env={**env, "DELIVERY_BROKER_URL": os.environ["DELIVERY_BROKER_URL"]},
+        check=True,
+        capture_output=True,
+    )
+    for args in (
+        ("migrate", "--no-input", "-v", "0"),
+        ("createsuperuser", "--noinput", "--username", "ops", "--email", "ops@example.com"),
+    ):
+        done = run(*args)
+        assert done.returncode == 0, done.stderr[-3000:]
+    script = (
+        "from django.db import transaction\n"
+        "from delivery.contrib.django import enqueue\n"
+        "with transaction.atomic():\n"
+        "    enqueue(channel='sms', to='+12015550100', payload={'body': 'hi'})\n"
+    )
+    done = run("shell", "-c", script)
+    assert done.returncode != 0
+    assert done.stderr.strip().splitlines()[-1] == (
+        "delivery.errors.ConfigError: config DELIVERY_BROKER_URL: is not set while the outbox "
+        "is DELIVERY_DATABASE_URL: set it (a worker must read the same outbox and broker; the "
+        "embedded default applies only when nothing is configured)"
+    )
+    engine = create_engine(scratch_db)
+    with engine.connect() as conn:
+        assert conn.scalar(text("SELECT count(*) FROM delivery_messages")) == 0
+    engine.dispose()

@@ -72,7 +72,10 @@ def test_stats_by_provider_adds_keys_and_keeps_status_counts(session: Session) -
 
     table = run("stats", "--by-provider")
     assert table.exit_code == 0, table.output
-    assert "twilio" in table.output and "oldest pending: 5 min" in table.output
+    assert (
+        "twilio" in table.output
+        and "oldest due message: 5 min (pending or in flight, and due;" in table.output
+    )
 
 
 def test_oldest_pending_age_ignores_final_and_future_messages(session: Session) -> None:
@@ -291,7 +294,7 @@ def test_watch_once_json_and_table(session: Session) -> None:
 
     table = run("watch", "--once")
     assert table.exit_code == 0, table.output
-    for word in ("pending", "per minute", "oldest pending", "breaker", "stub"):
+    for word in ("pending", "per minute", "oldest due message", "breaker", "stub"):
         assert word in table.output
     assert RECIPIENT not in table.output
 

@@ -12,6 +12,7 @@ or the migrations) and renders the answer; none holds a query of its own:
 - ``breaker``: ``breaker status``, ``breaker reset``;
 - ``testing``: ``stub-provider``, ``demo``;
 - ``console``: ``console`` (the web console, ``delivery.console``);
+- ``flower``: ``flower`` (Flower with authentication and persistence);
 - ``common``: what they share (settings, the outbox session, tables, JSON, ``parse_since``).
 
 To add a command, write it in the module of its group and open the outbox with
@@ -30,7 +31,18 @@ from __future__ import annotations
 
 import click
 
-from delivery.cli import breaker, config, console, db, inspect, prune, repair, testing, watch
+from delivery.cli import (
+    breaker,
+    config,
+    console,
+    db,
+    flower,
+    inspect,
+    prune,
+    repair,
+    testing,
+    watch,
+)
 from delivery.cli.common import DeliveryGroup, parse_since
 
 __all__ = ["main", "parse_since"]
@@ -58,5 +70,6 @@ for _command in (
     testing.demo,
     breaker.breaker_group,
     console.console_command,
+    flower.flower_command,
 ):
     main.add_command(_command)

@@ -14,7 +14,9 @@ replace control characters (escape sequences, bidi overrides, ...) with spaces, 
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import json
+import os
 import re
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -34,14 +36,17 @@ from delivery.config.settings import Settings
 from delivery.errors import DeliveryError
 from delivery.pipeline.bounds import printable
 from delivery.pipeline.models import utcnow
-from delivery.runtime.db import make_engine, make_sessionmaker
+from delivery.runtime.db import database_error, make_engine, make_sessionmaker
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
     "PIPE_WIDTH",
+    "CannotListen",
     "DeliveryGroup",
+    "MissingExtra",
     "age",
+    "binding",
     "cell",
     "current_settings",
     "echo",
@@ -54,6 +59,7 @@ __all__ = [
     "open_session",
     "parse_since",
     "progress_bar",
+    "require_extra",
     "since_callback",
     "since_option",
 ]
@@ -72,12 +78,57 @@ class DeliveryGroup(click.Group):
             echo(f"error: {exc}", err=True)
             ctx.exit(2)
         except (OperationalError, ProgrammingError) as exc:
-            echo(
-                f"error: database: {exc.orig} (is it reachable, and migrated with "
-                "`delivery db upgrade`?)",
-                err=True,
-            )
+            try:
+                url: str | None = current_settings().database_url  # read fine a moment ago
+            except DeliveryError:
+                url = None
+            echo(f"error: {database_error(exc, url)}", err=True)
             ctx.exit(2)
+
+
+#: Each pip extra a command needs -> the modules it installs that the command imports.
+EXTRAS = {"console": ("flask",), "flower": ("flower",)}
+
+
+class MissingExtra(DeliveryError):
+    """A command needs a pip extra that is not installed: ``error: ...`` names it, exit 2."""
+
+    def __init__(self, extra: str, module: str) -> None:
+        super().__init__(
+            f"this command needs the {extra!r} extra ({module} is not installed): "
+            f"pip install 'delivery-outbox[{extra}]'"
+        )
+        self.extra = extra
+
+
+class CannotListen(DeliveryError):
+    """A server command could not bind its address: ``error: ...`` names it, exit 2."""
+
+    def __init__(self, host: str, port: int, exc: OSError) -> None:
+        super().__init__(
+            f"cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} "
+            f"(does another process have port {port}? choose another with --port)"
+        )
+
+
+@contextmanager
+def binding(host: str, port: int) -> Iterator[None]:
+    """Around the one call that binds ``host:port``: its ``OSError`` (a port in use, an address
+    this machine does not have) becomes ``CannotListen``, one line naming both."""
+    try:
+        yield
+    except OSError as exc:
+        raise CannotListen(host, port, exc) from None
+
+
+def require_extra(extra: str) -> None:
+    """Raise ``MissingExtra`` unless every module of the pip extra ``extra`` imports. A command
+    calls it first, before it starts or writes anything."""
+    for module in EXTRAS[extra]:
+        try:
+            importlib.import_module(module)
+        except ImportError:
+            raise MissingExtra(extra, module) from None
 
 
 def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:

@@ -10,8 +10,7 @@ import os
 
 import click
 
-from delivery.cli.common import current_settings, host_port_options
-from delivery.errors import ConfigError
+from delivery.cli.common import binding, current_settings, host_port_options, require_extra
 
 __all__ = ["console_command"]
 
@@ -25,19 +24,17 @@ def console_command(host: str, port: int) -> None:
     12+ characters), read-only viewers from DELIVERY_CONSOLE_VIEWERS; the outbox from the
     same DELIVERY_* settings as every command.
     """
-    from delivery.console import INSTALL_HINT, parse_users
+    require_extra("console")
+    from delivery.console import parse_users
+    from delivery.console.app import create_app
+    from delivery.console.server import make_console_server, serve
 
     users = parse_users(os.environ)
-    try:
-        from delivery.console.app import create_app
-        from delivery.console.server import serve
-    except ModuleNotFoundError as exc:
-        raise ConfigError("console", f"needs Flask ({exc.name}): {INSTALL_HINT}") from None
     app = create_app(settings=current_settings(), users=users)
+    with binding(host, port):
+        server = make_console_server(app, host, port)
     serve(
-        app,
-        host,
-        port,
+        server,
         ready=lambda url: click.echo(
             f"delivery console on {url} ({len(users.operators)} operators, "
             f"{len(users.viewers)} viewers); Ctrl-C stops it",

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import click
-from alembic.config import Config
-from alembic.script import ScriptDirectory
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
@@ -12,24 +10,14 @@ from delivery.cli.common import (
     current_settings,
     open_engine,
 )
-from delivery.errors import ConfigError
-from delivery.runtime.db import current_revision, upgrade
+from delivery.runtime.db import (
+    current_revision,
+    database_error,
+    revisions_between,
+    upgrade,
+)
 
 __all__ = ["db"]
-
-
-def _revisions_between(before: str | None, after: str | None) -> list[tuple[str, str]]:
-    """The migrations applied going from ``before`` to ``after``: (revision, first doc line)."""
-    config = Config()
-    config.set_main_option("script_location", "delivery:migrations")
-    script = ScriptDirectory.from_config(config)
-    if after is None:
-        return []
-    applied = []
-    for rev in script.iterate_revisions(after, before):
-        doc = (rev.doc or "").strip().splitlines()[0] if rev.doc else ""
-        applied.append((rev.revision, doc))
-    return list(reversed(applied))
 
 
 @click.group()
@@ -46,14 +34,10 @@ def db_upgrade() -> None:
         try:
             before = current_revision(engine)
         except OperationalError as exc:
-            raise ConfigError(
-                "DELIVERY_DATABASE_URL",
-                f"cannot connect to {url}: {str(exc.orig).strip().splitlines()[-1]} "
-                "(create the database first, e.g. `createdb NAME`, or fix the URL)",
-            ) from None
+            raise database_error(exc, settings.database_url, upgrading=True) from None
         upgrade(engine)
         revision = current_revision(engine)
-    applied = _revisions_between(before, revision)
+    applied = revisions_between(before, revision)
     if not applied:
         click.echo(f"{url} is already at revision {revision}: nothing to apply")
         return

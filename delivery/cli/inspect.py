@@ -23,7 +23,15 @@ from delivery.cli.common import (
 )
 from delivery.pipeline.models import Message
 
-__all__ = ["dead_command", "show", "stats"]
+__all__ = ["DUE", "TRIES", "dead_command", "show", "stats"]
+
+#: What the age under ``stats`` counts.
+DUE = "pending or in flight, and due; messages scheduled for later do not count"
+#: What a timeline's ``round`` and ``try N`` count (also on the console's message page).
+TRIES = (
+    "round: each redrive opens the next round; try N: the message's attempt count at that "
+    "call, across rounds (a redrive does not reset it, it grants max_attempts more)"
+)
 
 
 @click.command()
@@ -52,7 +60,7 @@ def stats(as_json: bool, by_provider: bool) -> None:
     table.add_row(Text("total", style="bold"), cell(sum(counts.values())), *totals)
     console = new_console()
     console.print(table)
-    console.print(f"oldest pending: {age(oldest)}")
+    console.print(f"oldest due message: {age(oldest)} ({DUE})")
 
 
 def _messages_table(messages: Sequence[Message], title: str) -> Table:
@@ -163,5 +171,6 @@ def show(ref: str, as_json: bool, reveal: bool) -> None:
     console.print(grid)
     if events:
         console.print(_timeline_table(events, data["attempts"]))
+        console.print(TRIES, style="dim")
     else:
         console.print("no attempts yet")

@@ -5,11 +5,13 @@ from __future__ import annotations
 import click
 
 from delivery.cli.common import (
+    binding,
     cell,
     echo_json,
     host_port_options,
     new_console,
     new_table,
+    require_extra,
 )
 
 __all__ = ["demo", "stub_provider_command"]
@@ -59,6 +61,9 @@ def demo(count: int, timeout: float, as_json: bool, with_console: bool, console_
 
     from delivery.testing.demo import run_demo
 
+    if with_console:
+        require_extra("console")  # before the demo runs, not after
+
     report = run_demo(count, timeout, progress=lambda line: None if as_json else click.echo(line))
     if as_json:
         echo_json(asdict(report))
@@ -89,7 +94,7 @@ def _serve_demo_console(port: int) -> None:
     from delivery.config.loading import load_settings
     from delivery.console import parse_users
     from delivery.console.app import create_app
-    from delivery.console.server import serve
+    from delivery.console.server import make_console_server, serve
 
     home = Path(os.environ.get("DELIVERY_HOME", ".delivery")).resolve()
     env = {**os.environ, "DELIVERY_HOME": str(home), "DELIVERY_CONFIG": str(home / "demo.toml")}
@@ -104,4 +109,6 @@ def _serve_demo_console(port: int) -> None:
         login = f"user demo, password {password}" if password else "DELIVERY_CONSOLE_AUTH"
         click.echo(f"ops console on {url} ({login}); Ctrl-C stops it", err=True)
 
-    serve(app, "127.0.0.1", port, ready=ready)
+    with binding("127.0.0.1", port):
+        server = make_console_server(app, "127.0.0.1", port)
+    serve(server, ready=ready)

@@ -14,6 +14,7 @@ from sqlalchemy import Engine
 from delivery import ops
 from delivery.cli.common import (
     age,
+    binding,
     cell,
     current_settings,
     echo_json,
@@ -74,7 +75,7 @@ def _watch_view(snapshot: dict[str, Any]) -> Group:
     rates = new_table("per minute (last 60 s)", "")
     for name, value in snapshot["rates_per_minute"].items():
         rates.add_row(cell(name), cell(f"{value:g}"))
-    rates.add_row(cell("oldest pending"), cell(age(snapshot["oldest_pending_age_seconds"])))
+    rates.add_row(cell("oldest due message"), cell(age(snapshot["oldest_pending_age_seconds"])))
     rates.add_row(cell("relay lag"), cell(age(snapshot["relay_lag_seconds"])))
     breakers = new_table("provider", "breaker")
     for provider, state in snapshot["breakers"].items():
@@ -153,9 +154,10 @@ def metrics_command(host: str, port: int) -> None:
     with open_engine(settings) as engine:
         breakers = None if settings.redis_url is None else Breakers(settings)
         reader = None if breakers is None else breaker_reader(breakers)
-        server, thread = start_http_server(
-            port, addr=host, registry=exporter_registry(engine, reader)
-        )
+        with binding(host, port):
+            server, thread = start_http_server(
+                port, addr=host, registry=exporter_registry(engine, reader)
+            )
         click.echo(f"serving metrics on http://{host}:{server.server_port}/metrics", err=True)
         try:
             thread.join()

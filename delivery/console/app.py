@@ -52,7 +52,8 @@ def create_app(
     users = users or parse_users(env)
     settings = settings or load_settings()
     engine = make_engine(settings.database_url)
-    console = ConsoleState(settings, users, make_sessionmaker(engine))
+    sessions = make_sessionmaker(engine)
+    console = ConsoleState(settings, users, sessions, flower_url=env.get("DELIVERY_FLOWER_URL"))
     app = Flask(
         "delivery.console",
         template_folder=str(_HERE / "templates"),

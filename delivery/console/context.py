@@ -43,15 +43,23 @@ class TimedCache:
 class ConsoleState:
     """What the console's pages share: settings, sessions, users, tokens, bulk jobs."""
 
-    def __init__(self, settings: Settings, users: Users, sessions: sessionmaker[Session]) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        users: Users,
+        sessions: sessionmaker[Session],
+        *,
+        flower_url: str | None = None,
+    ) -> None:
         self.settings = settings
         self.users = users
         self.sessions = sessions
         self.csrf = Csrf(os.urandom(32))
         self.jobs = Jobs(sessions)
         self.cache = TimedCache()
-        flower = os.environ.get("DELIVERY_FLOWER_URL", "http://127.0.0.1:5555")
-        self.flower_url = flower.rstrip("/")
+        # Flower's address as the operator's browser reaches it (DELIVERY_FLOWER_URL); without
+        # one, no page links to Flower.
+        self.flower_url = (flower_url or "").strip().rstrip("/") or None
 
 
 def state() -> ConsoleState:

@@ -3,24 +3,29 @@
 from __future__ import annotations
 
 import signal
+import socket
 import threading
 from collections.abc import Callable
 from types import FrameType
 
 from flask import Flask
-from werkzeug.serving import BaseWSGIServer, make_server
+from werkzeug.serving import BaseWSGIServer, make_server, select_address_family
 
 __all__ = ["make_console_server", "serve"]
 
 
 def make_console_server(app: Flask, host: str, port: int) -> BaseWSGIServer:
-    """A threaded server for ``app`` bound to ``host:port`` (port 0: any free one)."""
-    return make_server(host, port, app, threaded=True)
+    """A threaded server for ``app`` bound to ``host:port`` (port 0: any free one). The socket
+    is bound here, so a port in use raises ``OSError`` (Werkzeug's own bind prints two lines and
+    exits instead); the server gets it through ``make_server``'s ``fd``."""
+    family = select_address_family(host, port)
+    with socket.create_server((host, port), family=family) as bound:
+        return make_server(host, port, app, threaded=True, fd=bound.fileno())
 
 
-def serve(app: Flask, host: str, port: int, *, ready: Callable[[str], None]) -> None:
-    """Serve until SIGINT or SIGTERM; ``ready`` gets the URL once the socket is bound."""
-    server = make_console_server(app, host, port)
+def serve(server: BaseWSGIServer, *, ready: Callable[[str], None]) -> None:
+    """Serve ``server`` (``make_console_server``) until SIGINT or SIGTERM; ``ready`` gets its
+    URL first."""
     stop = threading.Event()
 
     def _stop(_signum: int, _frame: FrameType | None) -> None:
@@ -29,7 +34,7 @@ def serve(app: Flask, host: str, port: int, *, ready: Callable[[str], None]) -> 
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
-    ready(f"http://{host}:{server.server_port}")
+    ready(f"http://{server.host}:{server.port}")
     try:
         server.serve_forever()
     finally:

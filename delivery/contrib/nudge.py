@@ -5,7 +5,8 @@ The Celery app ``delivery.worker`` installs the nudge when it is imported
 and publishes their tasks at once, so a message does not wait for the next beat tick (the
 beat relay remains the safety net). The integrations import ``delivery.worker`` only when asked to
 (``DELIVERY_NUDGE``, true by default), never at import time, so ``delivery`` itself stays
-free of Celery.
+free of Celery; ``install_nudge_on_first_commit`` defers that import to the first commit that
+nudges.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from delivery.pipeline import outbox
 from delivery.runtime.current import get_settings
 from delivery.runtime.db import make_engine
 
-__all__ = ["install_nudge", "installed", "nudge_after_commit"]
+__all__ = ["install_nudge", "install_nudge_on_first_commit", "installed", "nudge_after_commit"]
 
 log = logging.getLogger("delivery.contrib")
 _lock = threading.Lock()
@@ -32,6 +33,21 @@ def install_nudge() -> None:
     """Import the Celery app ``delivery.worker``, which installs the nudge and reads the settings
     configured so far (configure them first)."""
     importlib.import_module("delivery.worker")
+
+
+def install_nudge_on_first_commit() -> None:
+    """Install a nudge that imports ``delivery.worker`` (``install_nudge``) at the first commit
+    that needs it, then hands over to the real one: a process whose settings are not complete
+    for publishing (no broker) starts, and fails only where it would publish. A failing import
+    is logged by the commit's caller, which leaves the rows to the beat relay."""
+    outbox.set_nudge(_nudge_on_first_commit)
+
+
+def _nudge_on_first_commit(engine: Engine, ids: list[int]) -> None:
+    install_nudge()
+    nudge = outbox._nudge
+    if nudge is not None and nudge is not _nudge_on_first_commit:
+        nudge(engine, ids)
 
 
 def installed() -> bool:

@@ -1,8 +1,10 @@
 """Runtime wiring: the objects one process builds from its settings.
 
-- ``current``: this process's settings (``configure``, ``get_settings``), loaded from the
-  environment on first use.
-- ``db``: engines, sessions and the schema migrations (``delivery/migrations``).
+- ``current``: this process's settings (``configure``, ``configure_lazily``, ``get_settings``),
+  loaded from the environment on first use.
+- ``db``: engines, sessions, the schema migrations (``delivery/migrations``) and whether the
+  outbox is usable (``check_outbox``, ``database_error``: one line naming
+  ``DELIVERY_DATABASE_URL``).
 - ``service``: ``Service``, what one worker or relay holds: the engine, one pooled client per
   provider, the circuit breakers and the rate limits.
 

@@ -1,4 +1,11 @@
-"""Engines, sessions and schema migrations."""
+"""Engines, sessions, schema migrations, and whether the outbox is usable, in one line.
+
+``check_outbox(url)`` is what worker and beat ask before they start
+([docs/deployment.md](../../docs/deployment.md#start-up-checks)): it raises
+``ConfigError`` naming ``DELIVERY_DATABASE_URL`` when the database does not answer or is not at
+the revision this package ships (``delivery db upgrade`` migrates it). ``database_error``
+words any ``OperationalError`` / ``ProgrammingError`` of a command the same way, in one line.
+"""
 
 from __future__ import annotations
 
@@ -11,10 +18,27 @@ from alembic import command
 from alembic.config import Config
 from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.engine import make_url
-from sqlalchemy.exc import DisconnectionError
+from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 
-__all__ = ["current_revision", "make_engine", "make_sessionmaker", "upgrade"]
+from delivery.errors import ConfigError
+
+__all__ = [
+    "DATABASE_VARIABLE",
+    "check_outbox",
+    "current_revision",
+    "database_error",
+    "head_revision",
+    "make_engine",
+    "make_sessionmaker",
+    "revisions_between",
+    "upgrade",
+]
+
+#: The setting that names the outbox: every database error a user reads names it.
+DATABASE_VARIABLE = "DELIVERY_DATABASE_URL"
+UPGRADE_HINT = "`delivery db upgrade`"
 
 _INI = Path(__file__).parents[1] / "alembic.ini"  # delivery/alembic.ini, shipped as package data
 
@@ -80,15 +104,41 @@ def make_sessionmaker(engine: Engine) -> sessionmaker[Session]:
     return sessionmaker(engine, expire_on_commit=False)
 
 
-def _alembic_config(engine: Engine) -> Config:
+def _alembic_config() -> Config:
     config = Config(str(_INI))
     config.set_main_option("script_location", "delivery:migrations")
     return config
 
 
+def _scripts() -> Any:
+    from alembic.script import ScriptDirectory
+
+    return ScriptDirectory.from_config(_alembic_config())
+
+
+def head_revision() -> str:
+    """The schema revision this package's migrations end at (what ``upgrade`` migrates to)."""
+    head = _scripts().get_current_head()
+    assert isinstance(head, str)
+    return head
+
+
+def revisions_between(before: str | None, after: str | None) -> list[tuple[str, str]]:
+    """The migrations going from ``before`` to ``after``, oldest first: (revision, summary),
+    the summary being the first line of the migration's docstring, without markup."""
+    if after is None:
+        return []
+    found = []
+    for rev in _scripts().iterate_revisions(after, before):
+        lines = (rev.doc or "").strip().splitlines()
+        summary = lines[0].strip().replace("``", "").replace("`", "") if lines else ""
+        found.append((rev.revision, summary))
+    return list(reversed(found))
+
+
 def upgrade(engine: Engine, revision: str = "head") -> None:
     """Create or migrate the outbox tables to ``revision`` with the shipped migrations."""
-    config = _alembic_config(engine)
+    config = _alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
@@ -99,3 +149,57 @@ def current_revision(engine: Engine) -> str | None:
 
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()
+
+
+def _shown(url: str) -> str:
+    return make_url(url).render_as_string(hide_password=True)
+
+
+def database_error(
+    exc: DBAPIError, url: str | None = None, *, upgrading: bool = False
+) -> ConfigError:
+    """The one-line error for a database error a command or a process start ran into: it
+    names ``DELIVERY_DATABASE_URL`` and what to do (``upgrading``: the error is the migration
+    command's own, which must not suggest itself), with the driver's last line only (never the
+    statement or its parameters)."""
+    reason = (str(exc.orig).strip().splitlines() or [type(exc.orig).__name__])[-1].strip()
+    where = f" {_shown(url)}" if url else ""
+    if "no such table" in reason or ("relation" in reason and "does not exist" in reason):
+        problem = f"the outbox{where} has no delivery tables ({reason}): run {UPGRADE_HINT}"
+    else:
+        then = "or fix the URL" if upgrading else f"and run {UPGRADE_HINT}"
+        problem = (
+            f"cannot use the outbox{where}: {reason} (is it reachable? create the database, "
+            f"e.g. `createdb NAME`, {then})"
+        )
+    return ConfigError(DATABASE_VARIABLE, problem)
+
+
+def check_outbox(url: str, *, timeout: float = 5.0) -> None:
+    """Raise ``ConfigError`` (key ``DELIVERY_DATABASE_URL``) unless the outbox at ``url``
+    answers within about ``timeout`` seconds and is at this package's schema revision."""
+    backend = make_url(url).get_backend_name()
+    connect_args: dict[str, Any] = {"connect_timeout": max(1, round(timeout))}
+    if backend == "sqlite":
+        connect_args = {"timeout": timeout}
+    engine = create_engine(url, connect_args=connect_args, poolclass=NullPool, hide_parameters=True)
+    try:
+        revision = current_revision(engine)
+    except DBAPIError as exc:
+        raise database_error(exc, url) from None
+    finally:
+        engine.dispose()
+    head = head_revision()
+    if revision == head:
+        return
+    if revision is None or revision in {rev for rev, _ in revisions_between(None, head)}:
+        raise ConfigError(
+            DATABASE_VARIABLE,
+            f"{_shown(url)} is at revision {revision or 'none (empty)'}, this package needs "
+            f"{head}: run {UPGRADE_HINT}",
+        )
+    raise ConfigError(
+        DATABASE_VARIABLE,
+        f"{_shown(url)} is at revision {revision}, which this package does not know (migrated "
+        f"by a newer version?): install the version that migrated it",
+    )

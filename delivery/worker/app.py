@@ -1,4 +1,13 @@
-"""The Celery application object, configured from ``delivery`` settings on first use."""
+"""The Celery application object, configured from ``delivery`` settings on first use.
+
+Worker and beat refuse to start broken (``worker_init``, ``beat_init``): before either serves
+anything it checks the provider secrets (worker), that the outbox answers and is at this
+package's schema revision (``delivery.runtime.db.check_outbox``, naming
+``DELIVERY_DATABASE_URL`` and ``delivery db upgrade``) and that the broker answers (naming
+``DELIVERY_BROKER_URL``), and otherwise exits with status 1 and one line on stderr
+([docs/deployment.md](../../docs/deployment.md#start-up-checks)). Only the start is checked: an
+outbox or broker that goes away later is retried and recovered from.
+"""
 
 from __future__ import annotations
 
@@ -8,12 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger, worker_init, worker_process_init
+from celery.signals import after_setup_logger, beat_init, worker_init, worker_process_init
 from kombu.entity import Queue
 
 from delivery.errors import ConfigError
 from delivery.providers.secrets import check_secrets
 from delivery.runtime.current import get_settings
+from delivery.runtime.db import check_outbox
 from delivery.runtime.service import Service
 from delivery.worker import filebroker
 
@@ -25,6 +35,7 @@ __all__ = [
     "URGENT",
     "DeliveryCelery",
     "app",
+    "check_broker",
     "quiet_http_loggers",
     "service",
 ]
@@ -118,12 +129,52 @@ def quiet_http_loggers(**_: Any) -> None:
             logger.setLevel(logging.WARNING)
 
 
+#: How long a start-up check waits for the outbox or the broker to answer (seconds).
+START_TIMEOUT = 5.0
+BROKER_VARIABLE = "DELIVERY_BROKER_URL"
+
+
+def check_broker(timeout: float = START_TIMEOUT) -> None:
+    """Raise ``ConfigError`` (key ``DELIVERY_BROKER_URL``) unless one connection to the broker
+    succeeds within about ``timeout`` seconds (no retries: the start-up retries of Celery come
+    after this check, for a broker that goes away while the process runs)."""
+    with app.connection_for_write() as conn:
+        try:
+            conn.ensure_connection(max_retries=1, timeout=timeout)
+        except Exception as exc:
+            reason = (str(exc).strip().splitlines() or [type(exc).__name__])[-1]
+            raise ConfigError(
+                BROKER_VARIABLE, f"cannot connect to {conn.as_uri()}: {reason}"
+            ) from None
+
+
+def _refuse(process: str, exc: ConfigError) -> None:
+    """End this process with one line on stderr naming the setting, and status 1."""
+    raise SystemExit(f"delivery {process} not started: {exc}")
+
+
 @worker_init.connect  # type: ignore[untyped-decorator]
-def _check_providers(**_: Any) -> None:
-    """A worker does not start without every provider's secrets: a missing one would kill
-    every message at send time. Exits with the dotted key and variable name (never a value)."""
+def _check_worker(**_: Any) -> None:
+    """A worker does not start without every provider's secrets (a missing one would kill
+    every message at send time; the dotted key and variable name, never a value), an outbox at
+    this package's schema revision, or a broker that answers."""
     try:
-        check_secrets(get_settings())
+        settings = get_settings()
+        check_secrets(settings)
+        check_outbox(settings.database_url, timeout=START_TIMEOUT)
+        check_broker()
     except ConfigError as exc:
-        log.critical("worker not started: %s", exc)
-        raise SystemExit(f"delivery worker not started: {exc}") from None
+        _refuse("worker", exc)
+
+
+@beat_init.connect  # type: ignore[untyped-decorator]
+def _check_beat(**_: Any) -> None:
+    """Beat does not start its relay and sweeper (``delivery.worker.schedule``, whose own
+    ``beat_init`` receiver is connected after this one) without an outbox at this package's
+    schema revision and a broker that answers."""
+    try:
+        settings = get_settings()
+        check_outbox(settings.database_url, timeout=START_TIMEOUT)
+        check_broker()
+    except ConfigError as exc:
+        _refuse("beat", exc)

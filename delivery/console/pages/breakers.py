@@ -16,10 +16,19 @@ __all__ = ["blueprint", "read_breakers"]
 blueprint = Blueprint("breakers", __name__)
 
 
+#: Said, as a neutral note, when breakers are not shared: the embedded default and the demo.
+IN_PROCESS = (
+    "Each worker keeps its own breakers, in its process (DELIVERY_REDIS_URL is not set): "
+    "there is no shared state to show or reset here."
+)
+
+
 def read_breakers(settings: Settings) -> tuple[list[BreakerRow], str | None]:
-    """The breaker rows, or none and why (no shared Redis, or Redis unreachable)."""
+    """The breaker rows, or none and why Redis could not be read (a problem, shown as one).
+    Without ``DELIVERY_REDIS_URL`` there are no rows and no problem: the page notes
+    ``IN_PROCESS`` instead."""
     if settings.redis_url is None:
-        return [], "DELIVERY_REDIS_URL is not set: each worker keeps its own breakers"
+        return [], None
     breakers = Breakers(settings)
     try:
         return breaker_rows(breakers), None
@@ -31,8 +40,10 @@ def read_breakers(settings: Settings) -> tuple[list[BreakerRow], str | None]:
 
 @blueprint.get("/breakers")
 def breakers_page() -> str:
-    rows, problem = read_breakers(state().settings)
-    return render_template("breakers.html", breakers=rows, problem=problem)
+    settings = state().settings
+    rows, problem = read_breakers(settings)
+    note = IN_PROCESS if settings.redis_url is None else None
+    return render_template("breakers.html", breakers=rows, problem=problem, note=note)
 
 
 @blueprint.post("/breakers/<provider>/reset")

@@ -39,7 +39,9 @@ def _list(status: Status) -> str:
     page = ops.search(db(), flt, before=int(before) if before.isdigit() else None, limit=50)
     params = flt.query_params()
     params.pop("status", None)
-    actions = [(name, spec[1]) for name, spec in _BULK.items() if spec[0] is status]
+    # Nothing matches the filter (an empty first page): no bulk action to offer.
+    nothing = not page.messages and not before.isdigit()
+    actions = [] if nothing else [(n, spec[1]) for n, spec in _BULK.items() if spec[0] is status]
     return render_template(
         "bulk_list.html",
         status=status.value,

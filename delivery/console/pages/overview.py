@@ -57,7 +57,10 @@ def overview() -> str:
                 ),
             }
         )
-    breakers, breaker_problem = read_breakers(state().settings)
+    settings = state().settings
+    breakers, breaker_problem = read_breakers(settings)
+    if settings.redis_url is None:
+        breaker_problem = "in-process (each worker keeps its own)"
     return render_template(
         "overview.html",
         stats=ops.stats(session),

@@ -1,5 +1,7 @@
-"""The fence never goes back: ``attempts`` is kept across a redrive, and ``budget_start``
-records where the current life's attempt budget began.
+"""The fence never goes back: attempts are kept across a redrive.
+
+``attempts`` is kept across a redrive, and ``budget_start`` records where the current life's
+attempt budget began.
 
 Revision ID: 0003_fence
 Revises: 0002

@@ -1,5 +1,7 @@
-"""Two fewer index entries per message row (issue 13): every INSERT of ``enqueue`` and
-``enqueue_many``, and every status transition (none is a HOT update), wrote into all nine.
+"""Two fewer index entries per message row.
+
+Every INSERT of ``enqueue`` and ``enqueue_many``, and every status transition (none is a HOT
+update), wrote into all nine.
 
 - PostgreSQL: the key's unique constraint and ``ix_delivery_messages_key_prefix`` (the same
   column, ``varchar_pattern_ops`` for ``LIKE 'prefix%'``) become one unique index on

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import signal
+import sys
 import threading
 from types import FrameType, TracebackType
 from typing import Any
@@ -42,11 +43,16 @@ class StubServer:
             if self._closed:
                 raise RuntimeError("stub server is stopped")
             if self._thread is None:
-                self._serving = True
-                self._thread = threading.Thread(
+                thread = threading.Thread(
                     target=self._serve, name=f"stub-provider:{self.port}", daemon=True
                 )
-                self._thread.start()
+                self._serving = True
+                try:
+                    thread.start()
+                except BaseException:  # interrupted (Ctrl-C): nothing serves, nothing to join
+                    self._serving = False
+                    raise
+                self._thread = thread  # only a started thread is ever joined
         return self
 
     def serve_forever(self) -> None:
@@ -75,8 +81,9 @@ class StubServer:
             self._httpd.shutdown()
         self._httpd.close_connections()
         self._httpd.server_close()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=5)
+        thread = self._thread
+        if thread is not None and thread.is_alive() and thread is not threading.current_thread():
+            thread.join(timeout=5)
 
     def __enter__(self) -> StubServer:
         return self.start()
@@ -108,7 +115,8 @@ class StubServer:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the stub in the foreground until SIGINT or SIGTERM."""
+    """Run the stub in the foreground until SIGINT or SIGTERM. A port it cannot bind (taken by
+    another process, or not allowed) ends it with one line naming the port, and status 2."""
     parser = argparse.ArgumentParser(
         prog="python -m delivery.testing.stub_provider",
         description="Fault-injecting stub of the reference message provider.",
@@ -118,19 +126,33 @@ def main(argv: list[str] | None = None) -> None:
         "--port", type=int, default=9090, help="port to bind, 0 for any (default %(default)s)"
     )
     args = parser.parse_args(argv)
-    stub = StubServer(args.host, args.port)
+    try:
+        stub = StubServer(args.host, args.port)
+    except OSError as exc:
+        print(
+            f"error: cannot listen on {args.host}:{args.port}: {exc.strerror or exc} "
+            f"(does another process have port {args.port}? choose another with --port)",
+            file=sys.stderr,
+        )
+        raise SystemExit(2) from None
     in_main_thread = threading.current_thread() is threading.main_thread()
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {signum: signal.getsignal(signum) for signum in signals}
     stopping: list[threading.Thread] = []
+    starting: list[bool] = []
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
         # Stop from a thread of its own: serve_forever then returns between two polls, and no
         # exception is raised at whatever line the main thread was on (which could leave a
         # lock held and the process hanging).
-        if not stopping:
-            stopping.append(threading.Thread(target=stub.stop, name="stub-provider-stop"))
-            stopping[0].start()
+        # A second signal (Ctrl-C's SIGINT, then a script's SIGTERM) may run inside this
+        # handler: ``starting`` is claimed first, so the nested call does nothing, and a
+        # thread is recorded only once started, so the finally below joins only those.
+        if not starting:
+            starting.append(True)
+            thread = threading.Thread(target=stub.stop, name="stub-provider-stop")
+            thread.start()
+            stopping.append(thread)
 
     if in_main_thread:
         for signum in signals:  # also when SIGINT was ignored (e.g. started with `&`)
@@ -139,7 +161,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         stub.serve_forever()
     except RuntimeError:
-        if not stopping:  # stopped by a signal before it began serving: a clean exit
+        if not starting:  # stopped by a signal before it began serving: a clean exit
             raise
     except KeyboardInterrupt:  # not the main thread, or a handler of the caller's
         pass
