@@ -1,11 +1,15 @@
 """The post-commit nudge, as seen from the framework integrations.
 
 The Celery app ``delivery.worker`` installs the nudge when it is imported
-(``delivery.pipeline.outbox.set_nudge``): after the caller's commit it claims the new rows
-and publishes their tasks at once, so a message does not wait for the next beat tick (the
-beat relay remains the safety net). The integrations import ``delivery.worker`` only when asked to
-(``DELIVERY_NUDGE``, true by default), never at import time, so ``delivery`` itself stays
-free of Celery.
+(``delivery.pipeline.outbox.set_nudge``, with its publisher): a due message enqueued while it
+is installed is written already claimed, and after the caller's commit its task is published
+at once, so a message does not wait for the next beat tick (the beat relay remains the safety
+net). The integrations import ``delivery.worker`` only when asked to (``DELIVERY_NUDGE``, true
+by default), never at import time, so ``delivery`` itself stays free of Celery.
+
+An integration whose framework commits (Django) hands the claimed rows to
+``publish_after_commit`` from its own on-commit hook; rows it put back to ``pending`` itself
+(a redrive) go to ``nudge_after_commit``, which claims them first, as the relay would.
 """
 
 from __future__ import annotations
@@ -18,10 +22,11 @@ from collections.abc import Sequence
 from sqlalchemy import Engine
 
 from delivery.pipeline import outbox
+from delivery.pipeline.relay import Claim, relay_once
 from delivery.runtime.current import get_settings
 from delivery.runtime.db import make_engine
 
-__all__ = ["install_nudge", "installed", "nudge_after_commit"]
+__all__ = ["install_nudge", "installed", "nudge_after_commit", "publish_after_commit"]
 
 log = logging.getLogger("delivery.contrib")
 _lock = threading.Lock()
@@ -48,16 +53,36 @@ def _outbox_engine() -> Engine:
         return _engine
 
 
+def publish_after_commit(claims: Sequence[Claim]) -> None:
+    """Publish the rows the caller's transaction wrote claimed (``outbox.take_claims``); it
+    has committed. Never raises (``outbox.publish_claimed``)."""
+    try:
+        engine = _outbox_engine()
+    except Exception:
+        log.warning("post-commit nudge failed; the relay will publish the messages", exc_info=True)
+        return
+    outbox.publish_claimed(engine, claims)
+
+
 def nudge_after_commit(ids: Sequence[int]) -> None:
-    """Run the installed nudge for ``ids`` (the caller's transaction has committed).
+    """Claim and publish the due ``pending`` rows of ``ids`` (the caller's transaction has
+    committed; ``outbox.NUDGE_MAX`` of them at most), as one relay batch would.
 
     A failure is logged, never raised: the rows are committed and the beat relay will
     publish them.
     """
-    nudge = outbox._nudge
-    if nudge is None or not ids:
+    publisher = outbox._nudge
+    ids = list(ids)[: outbox.NUDGE_MAX]  # the relay publishes the rest
+    if publisher is None or not ids:
         return
     try:
-        nudge(_outbox_engine(), list(ids))
+        relay_once(
+            _outbox_engine(),
+            publisher,
+            batch=len(ids),
+            lease=get_settings().dispatch_lease,
+            ids=ids,
+            max_batches=1,
+        )
     except Exception:
         log.warning("post-commit nudge failed; the relay will publish the messages", exc_info=True)

@@ -32,7 +32,7 @@ from celery.exceptions import Ignore
 
 from delivery.errors import ConfigError
 from delivery.pipeline import outbox
-from delivery.pipeline.relay import Claim, relay_once
+from delivery.pipeline.relay import Claim
 from delivery.pipeline.sender import Action
 from delivery.pipeline.sender import deliver as deliver_once
 from delivery.runtime.current import get_settings
@@ -208,24 +208,6 @@ def publish(claims: Sequence[Claim]) -> dict[str, int]:
     return published
 
 
-#: A nudge claims at most this many of the rows one commit made (``enqueue_many``); the beat
-#: relay publishes the rest within ``relay_interval``.
-NUDGE_MAX = 500
-
-
-def _nudge(engine: Any, ids: list[int]) -> None:
-    settings = get_settings()
-    ids = ids[:NUDGE_MAX]
-    relay_once(
-        engine,
-        publish,
-        batch=max(len(ids), 1),
-        lease=settings.dispatch_lease,
-        ids=ids,
-        max_batches=1,
-    )
-
-
 # Read the settings now, at start-up: a half-configured process (a database URL but no broker,
 # say) fails here with a ConfigError naming the missing variable, not at its first commit,
 # whose nudge would only log it. Worker and beat import this module too.
@@ -239,4 +221,4 @@ def _check_settings() -> None:
 
 
 _check_settings()
-outbox.set_nudge(_nudge)
+outbox.set_nudge(publish)  # the post-commit nudge publishes through it
