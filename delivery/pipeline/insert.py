@@ -95,10 +95,12 @@ def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]
     if _psycopg(conn):
         arrays = [[row[name] for row in rows] for name in COLUMNS]
         shape, params = _shape(arrays, {_PAYLOAD: _json_param(conn)})
-        return dict(conn.exec_driver_sql(_pg_chunk(shape), tuple(params)).tuples().all())
+        return {
+            key: new_id for key, new_id in conn.exec_driver_sql(_pg_chunk(shape), tuple(params))
+        }
     if dialect == "postgresql":  # another driver: the same statement, built by SQLAlchemy
         named = {f"a_{name}": [row[name] for row in rows] for name in COLUMNS}
-        return dict(conn.execute(_core_chunk(), named).tuples().all())
+        return {key: new_id for key, new_id in conn.execute(_core_chunk(), named)}
     if dialect != "sqlite":  # pragma: no cover - other databases are not supported
         raise NotImplementedError(f"enqueue_many does not support {dialect}")
     stmt = (
@@ -107,7 +109,7 @@ def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]
         .on_conflict_do_nothing(index_elements=["key"])
         .returning(messages_table.c.key, messages_table.c.id)
     )
-    return dict(conn.execute(stmt).tuples().all())
+    return {key: new_id for key, new_id in conn.execute(stmt)}
 
 
 def _psycopg(conn: Connection) -> bool:
