@@ -46,7 +46,6 @@ from bench import celery_alone
 from bench.common import Order, fresh_database, log, median, report, row, session, truncate
 from delivery import enqueue, enqueue_many
 from delivery.pipeline import insert, outbox
-from delivery.pipeline.models import messages_table
 from delivery.pipeline.outbox import row_values
 from delivery.runtime.current import get_settings
 from delivery.worker import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
@@ -80,39 +79,11 @@ def any_statement(s: Session, i: int) -> None:
 
 def raw_row(s: Session, i: int) -> None:
     """Floor: ``enqueue``'s INSERT of the same validated row, through the driver's cursor: the
-    text SQLAlchemy compiles for it and the parameters its column types bind."""
-    sql, binds = _floor_statement(s.connection().dialect)
-    values = {**row_values(get_settings(), _spec("raw", i)), "budget_start": 0}
-    params = {
-        name: values[name] if process is None else process(values[name])
-        for name, process in binds.items()
-    }
+    very text and parameters ``enqueue`` sends (``insert.compiled_insert``)."""
+    statement = insert.compiled_insert(s.connection().dialect)
     cursor = _driver(s).cursor()
-    cursor.execute(sql, params)
+    cursor.execute(statement.sql, statement.parameters(row_values(get_settings(), _spec("raw", i))))
     cursor.fetchone()
-
-
-_FLOOR: dict[str, tuple[str, dict[str, Any]]] = {}
-
-
-def _floor_statement(dialect: Any) -> tuple[str, dict[str, Any]]:
-    """``insert.insert_statement`` compiled for ``dialect`` with a row's keys, and each bound
-    column's bind processor (``None``: sent as it is)."""
-    if dialect.name not in _FLOOR:
-        keys = row_values(get_settings(), _spec("compile", 0)).keys()
-        compiled = (
-            insert.insert_statement(dialect.name)
-            .values({name: None for name in keys})
-            .compile(dialect=dialect)
-        )
-        binds = {
-            name: messages_table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
-            for name in keys
-        }
-        assert set(compiled.params) == set(binds) | {"budget_start"}, compiled.params
-        binds["budget_start"] = None
-        _FLOOR[dialect.name] = (compiled.string, binds)
-    return _FLOOR[dialect.name]
 
 
 def apply_async(i: int) -> None:

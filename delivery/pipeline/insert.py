@@ -3,10 +3,11 @@
 
 Each is one statement, ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``, so that a repeated
 key never breaks the caller's transaction, run with SQLAlchemy's public execution
-(``Connection.execute``, ``exec_driver_sql``): events, echo, ``hide_parameters`` and error
-wrapping apply as for any statement. ``insert_one``'s is a Core statement built once per
-dialect (its compiled form is cached); the payload goes through the JSON column's own bind
-processing (the engine's ``json_serializer``). On PostgreSQL through psycopg a chunk is
+(``Connection.exec_driver_sql``, ``Connection.execute``): events, echo, ``hide_parameters``
+and error wrapping apply as for any statement. ``insert_one``'s is a Core statement that
+SQLAlchemy compiles once per dialect (``compiled_insert``); each value goes through its
+column type's own bind processing (the payload through the engine's ``json_serializer``), so
+a call builds no statement and looks nothing up. On PostgreSQL through psycopg a chunk is
 arrays, sent in binary (``%b``: psycopg's text arrays quote every element in Python) and
 unnested by the server: one per column, except that a column with one value in all the
 chunk's rows is sent as that value and a column equal to an earlier one reuses its array
@@ -21,17 +22,24 @@ to load.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, String, bindparam, func, select
+from sqlalchemy import Connection, Dialect, String, bindparam, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, make_transient_to_detached
 
 from delivery.pipeline.models import Message, messages_table
 
-__all__ = ["COLUMNS", "insert_chunk", "insert_one", "insert_statement"]
+__all__ = [
+    "COLUMNS",
+    "CompiledInsert",
+    "compiled_insert",
+    "insert_chunk",
+    "insert_one",
+    "insert_statement",
+]
 
 #: The columns ``outbox.row_values`` fills, in the order of the INSERTs.
 COLUMNS = (
@@ -70,21 +78,61 @@ def insert_one(session: Session, values: dict[str, Any]) -> Message | None:
     """Insert the row; the new message (attached to ``session`` as if loaded from it), or None
     if its key exists."""
     conn = session.connection(bind_arguments={"mapper": Message})
-    dialect = conn.dialect.name
-    if dialect not in ("postgresql", "sqlite"):  # pragma: no cover - look first, then add
+    dialect = conn.dialect
+    if dialect.name not in ("postgresql", "sqlite"):  # pragma: no cover - look first, then add
         if session.scalars(select(Message.id).where(Message.key == values["key"])).first():
             return None
         added = Message(**values)
         session.add(added)
         session.flush()
         return added
-    new_id = conn.execute(insert_statement(dialect), values).scalar()
+    statement = compiled_insert(dialect)
+    new_id = conn.exec_driver_sql(statement.sql, statement.parameters(values)).scalar()
     if new_id is None:
         return None
     message = Message(**values, **_NEW_ROW, id=new_id)
     make_transient_to_detached(message)  # its state is the row's: nothing to flush
     session.add(message)
     return message
+
+
+class CompiledInsert(NamedTuple):
+    """``insert_statement`` as SQLAlchemy compiles it for one dialect, and how a row's values
+    become its parameters: each through its column type's bind processing, in the order (or
+    under the names) of the dialect's paramstyle."""
+
+    sql: str
+    names: tuple[str, ...]
+    positional: bool
+    processors: tuple[tuple[str, Callable[[Any], Any]], ...]
+
+    def parameters(self, values: Mapping[str, Any]) -> Any:
+        """The statement's parameters for a row (``row_values``)."""
+        bound = {**values, "budget_start": 0}
+        for name, process in self.processors:
+            bound[name] = process(bound[name])
+        if self.positional:
+            return tuple([bound[name] for name in self.names])
+        return bound
+
+
+@functools.lru_cache(maxsize=32)
+def compiled_insert(dialect: Dialect) -> CompiledInsert:
+    """``insert_statement`` compiled once per dialect (an engine's: its ``json_serializer``
+    is part of the payload's processing), every column of ``COLUMNS`` and ``budget_start``
+    bound."""
+    names = (*COLUMNS, "budget_start")
+    stmt = insert_statement(dialect.name).values({name: None for name in names})
+    compiled = stmt.compile(dialect=dialect)
+    order = compiled.positiontup
+    processors = []
+    for name in names:
+        process = messages_table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+        if process is not None:
+            processors.append((name, process))
+    return CompiledInsert(
+        compiled.string, tuple(order or names), order is not None, tuple(processors)
+    )
 
 
 def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -211,9 +259,13 @@ def _core_chunk() -> Any:
     m = messages_table.c
     arrays = [bindparam(f"a_{name}", type_=ARRAY(m[name].type)) for name in COLUMNS]
     source = func.unnest(*arrays).table_valued(*COLUMNS).render_derived(name="v")
+    picked = [  # a driver may send the payloads' array as text: cast back
+        cast(source.c[name], m[name].type) if name == "payload" else source.c[name]
+        for name in COLUMNS
+    ]
     return (
         postgresql.insert(messages_table)
-        .from_select(list(COLUMNS), select(*(source.c[name] for name in COLUMNS)))
+        .from_select(list(COLUMNS), select(*picked))
         .on_conflict_do_nothing(index_elements=["key"])
         .returning(m.key, m.id)
     )
