@@ -3,9 +3,11 @@
 Each message is validated exactly as ``enqueue`` validates it (``outbox.row_values``), then
 written ``CHUNK`` at a time with one ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``
 (``insert.insert_chunk``). The messages are read from the iterable as they are written: 100,000
-of them never exist at once as ORM objects (or as rows in memory beyond one chunk); the
-caller's iterable is read between statements, so a generator that queries the database is
-fine.
+of them never exist at once as ORM objects (or as rows in memory beyond two chunks). The next
+chunk is validated on a thread of its own while the database inserts the one before (the
+driver waits for the database without holding the GIL); the caller's iterable is read on the
+caller's thread, between statements, so a generator that queries the database through the
+same session is fine.
 
 The semantics are ``enqueue``'s, message by message: a key already in the outbox with the
 same payload is that message (not written again); with another payload, or the same key
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,9 +95,14 @@ def enqueue_many(
     settings = settings or get_settings()
     created = existing = 0
     claims: dict[str, Claim] = {}
-    with session.begin_nested():  # rolled back, and the error raised, on any failure
-        for chunk in _chunks(messages):  # read from the caller's iterable between statements
-            rows = _rows(settings, chunk)
+    # rolled back, and the error raised, on any failure; the next chunk is validated on a
+    # thread of its own (started at the second chunk) while the database inserts this one
+    with session.begin_nested(), ThreadPoolExecutor(1, "delivery-enqueue-many") as validating:
+        chunks = _chunks(messages)
+        rows = _rows(settings, next(chunks, []))
+        while rows:
+            upcoming = next(chunks, [])  # read from the caller's iterable between statements
+            later = validating.submit(_rows, settings, upcoming) if upcoming else None
             claimed = claim_for_nudge(session, settings, rows, held=len(claims))
             new = insert_chunk(session, rows)
             created += len(new)
@@ -105,6 +113,7 @@ def enqueue_many(
                     key = row["key"]
                     if row["status"] == _DISPATCHED and key in new and key not in claims:
                         claims[key] = claim_of(row, new[key])
+            rows = later.result() if later is not None else []
     nudge_later(session, list(claims.values()))
     return Enqueued(created, existing)
 
