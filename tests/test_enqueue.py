@@ -4,17 +4,19 @@ from __future__ import annotations
 
 import datetime as dt
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
 import delivery
 from delivery.config.loading import load_settings
 from delivery.errors import ConfigError, IdempotencyConflict, InvalidMessage
+from delivery.pipeline import outbox
 from delivery.pipeline.models import Message
+from delivery.pipeline.relay import Claim
 from delivery.runtime.db import make_engine, upgrade
 
 SMS = dict(channel="sms", to="+12015550123", payload={"body": "hello"})
@@ -36,8 +38,9 @@ def count(engine: Engine) -> int:
         return int(session.scalar(select(func.count()).select_from(Message)) or 0)
 
 
-def test_enqueue_adds_without_committing(engine: Engine) -> None:
+def test_enqueue_adds_without_committing(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     """enqueue writes into the caller's transaction and never commits it."""
+    monkeypatch.setattr(outbox, "_nudge", None)  # without a nudge a new row is pending
     with Session(engine) as session:
         message = delivery.enqueue(session, **SMS)  # type: ignore[arg-type]
         assert message.id and message.status == "pending" and len(message.key) == 36
@@ -105,6 +108,116 @@ def test_send_at_in_the_future_is_held(engine: Engine) -> None:
     with Session(engine) as session:
         stored = session.get(Message, message_id)
         assert stored is not None and stored.next_attempt_at == when
+
+
+class Publisher:
+    """A nudge's publisher that records what it is handed (and fails when told to)."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.claims: list[Claim] = []
+        self.fail = fail
+
+    def __call__(self, claims: Sequence[Claim]) -> object:
+        if self.fail:
+            raise ConnectionError("broker down")
+        self.claims.extend(claims)
+        return None
+
+
+@pytest.fixture
+def nudge(monkeypatch: pytest.MonkeyPatch) -> Publisher:
+    publisher = Publisher()
+    monkeypatch.setattr(outbox, "_nudge", publisher)
+    return publisher
+
+
+def stored(engine: Engine, key: str) -> tuple[str, dt.datetime | None, dt.datetime]:
+    with Session(engine) as session:
+        row = session.scalars(select(Message).where(Message.key == key)).one()
+        return row.status, row.lease_expires_at, row.created_at
+
+
+def test_with_the_nudge_a_due_row_is_written_claimed_and_only_published(
+    engine: Engine, nudge: Publisher
+) -> None:
+    """With a nudge installed, a due message is written dispatched with the relay's lease
+    (dispatch_lease from its creation) and after the commit the publisher gets its claim;
+    a message due later is written pending and left to the relay."""
+    lease = dt.timedelta(seconds=delivery.get_settings().dispatch_lease)
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with Session(engine) as session, session.begin():
+        now = delivery.enqueue(session, key="claimed", **SMS)  # type: ignore[arg-type]
+        held = delivery.enqueue(session, key="held", send_at=later, **SMS)  # type: ignore[arg-type]
+        assert (now.status, now.lease_expires_at) == ("dispatched", now.created_at + lease)
+        assert (held.status, held.lease_expires_at) == ("pending", None)
+        assert nudge.claims == []  # nothing before the commit
+        claim = Claim(now.id, "claimed", "normal", now.provider, 0)
+    assert nudge.claims == [claim]
+    status, until, created = stored(engine, "claimed")
+    assert (status, until) == ("dispatched", created + lease)
+    assert stored(engine, "held")[:2] == ("pending", None)
+
+
+def test_a_failed_publish_gives_the_row_back_to_the_relay_at_once(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A publish that fails after the commit puts the claimed row back to pending, without
+    waiting for its lease; the commit itself succeeded."""
+    monkeypatch.setattr(outbox, "_nudge", Publisher(fail=True))
+    with Session(engine) as session, session.begin():
+        delivery.enqueue(session, key="given-back", **SMS)  # type: ignore[arg-type]
+    assert stored(engine, "given-back")[:2] == ("pending", None)
+
+
+def test_a_rollback_publishes_nothing(engine: Engine, nudge: Publisher) -> None:
+    with Session(engine) as session, session.begin():
+        delivery.enqueue(session, key="rolled-back", **SMS)  # type: ignore[arg-type]
+        session.rollback()
+    with Session(engine) as session, session.begin():
+        delivery.enqueue(session, key="next", **SMS)  # type: ignore[arg-type]
+    assert [c.key for c in nudge.claims] == ["next"]
+
+
+def test_existing_keys_and_conflicts_are_not_published(engine: Engine, nudge: Publisher) -> None:
+    """The same key again returns the stored message and publishes nothing more; a conflict
+    leaves the transaction usable and its other new message is published."""
+    with Session(engine) as session, session.begin():
+        delivery.enqueue(session, key="once", **SMS)  # type: ignore[arg-type]
+    with Session(engine) as session, session.begin():
+        again = delivery.enqueue(session, key="once", **SMS)  # type: ignore[arg-type]
+        with pytest.raises(IdempotencyConflict):
+            delivery.enqueue(
+                session, key="once", channel="sms", to="+12015550123", payload={"body": "b"}
+            )
+        other = delivery.enqueue(session, key="other", **SMS)  # type: ignore[arg-type]
+        ids = [again.id, other.id]
+    assert [c.id for c in nudge.claims] == ids
+
+
+def test_a_transaction_claims_at_most_nudge_max_rows(
+    engine: Engine, nudge: Publisher, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(outbox, "NUDGE_MAX", 2)
+    with Session(engine) as session, session.begin():
+        for i in range(3):
+            delivery.enqueue(session, key=f"cap-{i}", **SMS)  # type: ignore[arg-type]
+    assert [c.key for c in nudge.claims] == ["cap-0", "cap-1"]
+    assert stored(engine, "cap-2")[:2] == ("pending", None)
+
+
+def test_a_session_on_a_connection_leaves_its_rows_to_the_relay(
+    engine: Engine, nudge: Publisher
+) -> None:
+    """On a connection the session's commit may not be the transaction's, so its rows are
+    written pending for the relay, and nothing is published."""
+    with engine.connect() as conn:
+        conn.execute(text("SELECT 1"))  # the caller's transaction, begun before the session
+        with Session(bind=conn) as session:
+            delivery.enqueue(session, key="on-a-connection", **SMS)  # type: ignore[arg-type]
+            session.commit()
+        conn.commit()
+    assert nudge.claims == []
+    assert stored(engine, "on-a-connection")[:2] == ("pending", None)
 
 
 def write(tmp_path: Path, text: str) -> dict[str, str]:

@@ -15,8 +15,9 @@ from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.pipeline import bulk
+from delivery.pipeline import bulk, outbox
 from delivery.pipeline.models import Message
+from tests.test_enqueue import Publisher
 
 LATER = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
 
@@ -253,3 +254,32 @@ def test_enqueue_many_on_the_embedded_sqlite_outbox(session: Session) -> None:
         delivery.enqueue_many(session, [spec(1, payload={"body": "other"})])
     session.rollback()
     assert session.scalar(select(func.count()).select_from(Message)) == 1500
+
+
+@pytest.mark.integration
+def test_the_first_due_rows_are_written_claimed_for_the_nudge(
+    clean: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a nudge installed, the transaction's first NUDGE_MAX due messages are written
+    dispatched (across chunks) and handed to the publisher after the commit, once each; a
+    message due later, a repeated key and those past the cap are pending for the relay."""
+    publisher = Publisher()
+    monkeypatch.setattr(outbox, "_nudge", publisher)
+    monkeypatch.setattr(outbox, "NUDGE_MAX", 3)
+    monkeypatch.setattr(bulk, "CHUNK", 2)
+    due = {"send_at": None}
+    messages = [spec(0, **due), spec(1), spec(2, **due), spec(0, **due), spec(3, **due)]
+    messages.append(spec(4, **due))
+    with Session(clean) as session, session.begin():
+        done = delivery.enqueue_many(session, messages)
+        assert publisher.claims == []
+    assert done == delivery.Enqueued(created=5, existing=1)
+    assert [c.key for c in publisher.claims] == ["bulk-0", "bulk-2", "bulk-3"]
+    m = Message.__table__.c
+    with clean.connect() as conn:
+        rows = dict(
+            conn.execute(select(m.key, m.status).where(m.lease_expires_at.is_not(None))).all()
+        )
+        statuses = dict(conn.execute(select(m.key, m.status)).all())
+    assert rows == {"bulk-0": "dispatched", "bulk-2": "dispatched", "bulk-3": "dispatched"}
+    assert statuses["bulk-1"] == statuses["bulk-4"] == "pending"

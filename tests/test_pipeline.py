@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections import defaultdict
+from collections.abc import Sequence
 
 import pytest
 from sqlalchemy import Engine, select, text
@@ -12,6 +13,7 @@ from sqlalchemy.orm import Session
 import delivery
 import delivery.worker
 from delivery.pipeline.models import Attempt, Message
+from delivery.pipeline.relay import Claim
 from tests.conftest import counts, drained
 
 pytestmark = pytest.mark.integration
@@ -161,9 +163,9 @@ def test_commit_nudge_publishes_at_once(live: Engine, stub, monkeypatch) -> None
     real = outbox._nudge
     assert real is not None, "importing tasks must install the nudge"
 
-    def observed(engine: Engine, ids: list[int]) -> None:
-        seen.append(list(ids))
-        real(engine, ids)
+    def observed(claims: Sequence[Claim]) -> object:
+        seen.append([claim.id for claim in claims])
+        return real(claims)
 
     monkeypatch.setattr(outbox, "_nudge", observed)
     with Session(live) as session, session.begin():

@@ -9,11 +9,13 @@ from __future__ import annotations
 
 import datetime as dt
 import threading
+import time
 from collections import Counter
 from collections.abc import Sequence
 
 import pytest
 from sqlalchemy import Engine, insert, select, update
+from sqlalchemy.orm import Session
 
 from delivery.pipeline.models import Message, messages_table, utcnow
 from delivery.pipeline.relay import Claim, relay_once
@@ -145,3 +147,32 @@ def test_relay_and_sweeper_log_their_transitions(clean: Engine) -> None:
         + [(f"due-{i}", "dispatched", "pending") for i in range(3)]
     )
     assert {t.provider for t in seen} == {"stub"}
+
+
+def test_a_nudged_row_whose_publish_never_happened_is_sent_after_its_lease(
+    live: Engine,
+    stub,  # type: ignore[no-untyped-def]
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A row enqueued with the nudge installed is committed already claimed; if the process
+    dies between its commit and the publish (here the publish is left out), no task exists:
+    the sweeper gives the row back when its lease (dispatch_lease, the default) passes and
+    the relay publishes it. Sent once, and not before the lease."""
+    import delivery
+    from delivery.pipeline import outbox
+    from tests.conftest import counts, drained, wait_until
+
+    handed: list[Claim] = []
+    monkeypatch.setattr(outbox, "_nudge", handed.extend)  # the publish that never happens
+    lease = delivery.get_settings().dispatch_lease
+    with Session(live) as session, session.begin():
+        delivery.enqueue(
+            session, channel="sms", to="+12015550123", payload={"body": "x"}, key="lost-publish"
+        )
+    committed = time.monotonic()
+    assert [c.key for c in handed] == ["lost-publish"]
+    assert counts(live) == {"dispatched": 1}  # the relay leaves a claimed row alone
+    wait_until(lambda: stub.effects().get("lost-publish") == 1, timeout=lease + 30, every=0.1)
+    assert time.monotonic() - committed >= lease - 1.0
+    assert drained(live, 1, timeout=30) == {"sent": 1}
+    assert stub.effects() == {"lost-publish": 1}

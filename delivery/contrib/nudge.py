@@ -1,12 +1,16 @@
 """The post-commit nudge, as seen from the framework integrations.
 
 The Celery app ``delivery.worker`` installs the nudge when it is imported
-(``delivery.pipeline.outbox.set_nudge``): after the caller's commit it claims the new rows
-and publishes their tasks at once, so a message does not wait for the next beat tick (the
-beat relay remains the safety net). The integrations import ``delivery.worker`` only when asked to
-(``DELIVERY_NUDGE``, true by default), never at import time, so ``delivery`` itself stays
-free of Celery; ``install_nudge_on_first_commit`` defers that import to the first commit that
-nudges.
+(``delivery.pipeline.outbox.set_nudge``, with its publisher): a due message enqueued while it
+is installed is written already claimed, and after the caller's commit its task is published
+at once, so a message does not wait for the next beat tick (the beat relay remains the safety
+net). The integrations import ``delivery.worker`` only when asked to (``DELIVERY_NUDGE``, true
+by default), never at import time, so ``delivery`` itself stays free of Celery;
+``install_nudge_on_first_commit`` defers that import to the first commit that nudges.
+
+An integration whose framework commits (Django) hands the claimed rows to
+``publish_after_commit`` from its own on-commit hook; rows it put back to ``pending`` itself
+(a redrive) go to ``nudge_after_commit``, which claims them first, as the relay would.
 """
 
 from __future__ import annotations
@@ -19,10 +23,17 @@ from collections.abc import Sequence
 from sqlalchemy import Engine
 
 from delivery.pipeline import outbox
+from delivery.pipeline.relay import Claim, relay_once
 from delivery.runtime.current import get_settings
 from delivery.runtime.db import make_engine
 
-__all__ = ["install_nudge", "install_nudge_on_first_commit", "installed", "nudge_after_commit"]
+__all__ = [
+    "install_nudge",
+    "install_nudge_on_first_commit",
+    "installed",
+    "nudge_after_commit",
+    "publish_after_commit",
+]
 
 log = logging.getLogger("delivery.contrib")
 _lock = threading.Lock()
@@ -39,15 +50,16 @@ def install_nudge_on_first_commit() -> None:
     """Install a nudge that imports ``delivery.worker`` (``install_nudge``) at the first commit
     that needs it, then hands over to the real one: a process whose settings are not complete
     for publishing (no broker) starts, and fails only where it would publish. A failing import
-    is logged by the commit's caller, which leaves the rows to the beat relay."""
+    raises into ``outbox.publish_claimed``, which logs it and gives the rows back to the relay."""
     outbox.set_nudge(_nudge_on_first_commit)
 
 
-def _nudge_on_first_commit(engine: Engine, ids: list[int]) -> None:
+def _nudge_on_first_commit(claims: Sequence[Claim]) -> object:
     install_nudge()
     nudge = outbox._nudge
-    if nudge is not None and nudge is not _nudge_on_first_commit:
-        nudge(engine, ids)
+    if nudge is None or nudge is _nudge_on_first_commit:
+        raise RuntimeError("delivery.worker installed no nudge")
+    return nudge(claims)
 
 
 def installed() -> bool:
@@ -64,16 +76,36 @@ def _outbox_engine() -> Engine:
         return _engine
 
 
+def publish_after_commit(claims: Sequence[Claim]) -> None:
+    """Publish the rows the caller's transaction wrote claimed (``outbox.take_claims``); it
+    has committed. Never raises (``outbox.publish_claimed``)."""
+    try:
+        engine = _outbox_engine()
+    except Exception:
+        log.warning("post-commit nudge failed; the relay will publish the messages", exc_info=True)
+        return
+    outbox.publish_claimed(engine, claims)
+
+
 def nudge_after_commit(ids: Sequence[int]) -> None:
-    """Run the installed nudge for ``ids`` (the caller's transaction has committed).
+    """Claim and publish the due ``pending`` rows of ``ids`` (the caller's transaction has
+    committed; ``outbox.NUDGE_MAX`` of them at most), as one relay batch would.
 
     A failure is logged, never raised: the rows are committed and the beat relay will
     publish them.
     """
-    nudge = outbox._nudge
-    if nudge is None or not ids:
+    publisher = outbox._nudge
+    ids = list(ids)[: outbox.NUDGE_MAX]  # the relay publishes the rest
+    if publisher is None or not ids:
         return
     try:
-        nudge(_outbox_engine(), list(ids))
+        relay_once(
+            _outbox_engine(),
+            publisher,
+            batch=len(ids),
+            lease=get_settings().dispatch_lease,
+            ids=ids,
+            max_batches=1,
+        )
     except Exception:
         log.warning("post-commit nudge failed; the relay will publish the messages", exc_info=True)

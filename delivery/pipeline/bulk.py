@@ -2,25 +2,28 @@
 
 Each message is validated exactly as ``enqueue`` validates it (``outbox.row_values``), then
 written ``CHUNK`` at a time with one ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``
-(``insert.send_chunk``). The messages are read from the iterable as they are written: 100,000
-of them never exist at once as ORM objects (or as rows in memory beyond two chunks). On
-PostgreSQL through psycopg the next chunk is validated while the database inserts the one
-before (``insert.overlapped``: pipeline mode, only pure Python inside; the caller's iterable
-is read outside it, so a generator that queries the database is fine).
+(``insert.insert_chunk``). The messages are read from the iterable as they are written: 100,000
+of them never exist at once as ORM objects (or as rows in memory beyond two chunks). The next
+chunk is validated on a thread of its own while the database inserts the one before (the
+driver waits for the database without holding the GIL); the caller's iterable is read on the
+caller's thread, between statements, so a generator that queries the database through the
+same session is fine.
 
 The semantics are ``enqueue``'s, message by message: a key already in the outbox with the
 same payload is that message (not written again); with another payload, or the same key
 twice in the input with two payloads, ``IdempotencyConflict`` naming the key. Bad input
 raises ``InvalidMessage`` whose ``field`` names the message and the argument
 (``messages[3].to``). Either error writes nothing: the whole call runs in a savepoint that is
-rolled back, and the caller's transaction stays usable. Never commits. After the caller's
-commit the nudge publishes the first due messages at once (as batches); the relay the rest.
+rolled back, and the caller's transaction stays usable. Never commits. As with ``enqueue``,
+the first due messages of the transaction (``outbox.NUDGE_MAX`` at most) are written claimed
+and published by the nudge after the caller's commit (as batches); the relay the rest.
 """
 
 from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,18 +32,25 @@ from sqlalchemy.orm import Session
 
 from delivery.config.settings import Settings
 from delivery.errors import IdempotencyConflict, InvalidMessage
-from delivery.pipeline.insert import overlapped, send_chunk
+from delivery.pipeline.insert import insert_chunk
 from delivery.pipeline.models import messages_table
-from delivery.pipeline.outbox import EnqueueArgs, nudge_later, row_values
+from delivery.pipeline.outbox import (
+    EnqueueArgs,
+    claim_for_nudge,
+    claim_of,
+    nudge_later,
+    row_values,
+)
+from delivery.pipeline.relay import Claim
+from delivery.pipeline.status import Status
 from delivery.runtime.current import get_settings
 
 __all__ = ["CHUNK", "Enqueued", "enqueue_many"]
 
 #: Messages per INSERT statement.
 CHUNK = 1000
-#: At most this many new message ids are kept for the post-commit nudge.
-NUDGE_IDS = 500
 _ARGUMENTS = frozenset(EnqueueArgs.__annotations__)
+_DISPATCHED = Status.DISPATCHED.value
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,28 +94,27 @@ def enqueue_many(
     docstring for conflicts and errors (nothing written on either)."""
     settings = settings or get_settings()
     created = existing = 0
-    due_ids: list[int] = []
-    with session.begin_nested():  # rolled back, and the error raised, on any failure
+    claims: dict[str, Claim] = {}
+    # rolled back, and the error raised, on any failure; the next chunk is validated on a
+    # thread of its own (started at the second chunk) while the database inserts this one
+    with session.begin_nested(), ThreadPoolExecutor(1, "delivery-enqueue-many") as validating:
         chunks = _chunks(messages)
         rows = _rows(settings, next(chunks, []))
         while rows:
             upcoming = next(chunks, [])  # read from the caller's iterable between statements
-            with overlapped(session):
-                answer = send_chunk(session, rows)
-                later = _rows(settings, upcoming)  # while the database inserts ``rows``
-            new = answer()
+            later = validating.submit(_rows, settings, upcoming) if upcoming else None
+            claimed = claim_for_nudge(session, settings, rows, held=len(claims))
+            new = insert_chunk(session, rows)
             created += len(new)
             existing += len(rows) - len(new)
             _check_conflicts(session, rows, new)
-            if len(due_ids) < NUDGE_IDS:
-                due_ids.extend(
-                    new[r["key"]]
-                    for r in rows
-                    if r["key"] in new and r["next_attempt_at"] <= r["created_at"]
-                )
-                due_ids = due_ids[:NUDGE_IDS]
-            rows = later
-    nudge_later(session, due_ids)
+            if claimed:  # the rows marked and written (a key repeated in rows: once)
+                for row in rows:
+                    key = row["key"]
+                    if row["status"] == _DISPATCHED and key in new and key not in claims:
+                        claims[key] = claim_of(row, new[key])
+            rows = later.result() if later is not None else []
+    nudge_later(session, list(claims.values()))
     return Enqueued(created, existing)
 
 

@@ -2,37 +2,44 @@
 ``insert_one`` for ``enqueue``, ``insert_chunk`` for ``enqueue_many``.
 
 Each is one statement, ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``, so that a repeated
-key never breaks the caller's transaction. On PostgreSQL through psycopg its text is built once
-and run on the session's own connection by SQLAlchemy's cursor-level execution: the
-``before/after_cursor_execute`` events, echo, ``hide_parameters`` and error wrapping apply as
-for any statement, without compiling or building a result per call; the cursor is kept per
-database connection, and psycopg prepares the statement on the server after a few uses. A
-chunk is arrays, sent in binary (``%b``: psycopg's text arrays quote every element in Python)
-and unnested by the server: one per column, except that a column with one value in all the
+key never breaks the caller's transaction, run with SQLAlchemy's public execution
+(``Connection.exec_driver_sql``, ``Connection.execute``): events, echo, ``hide_parameters``
+and error wrapping apply as for any statement. ``insert_one``'s is a Core statement that
+SQLAlchemy compiles once per dialect (``compiled_insert``); each value goes through its
+column type's own bind processing (the payload through the engine's ``json_serializer``), so
+a call builds no statement and looks nothing up. On PostgreSQL through psycopg a chunk is
+arrays, sent in binary (``%b``: psycopg's text arrays quote every element in Python) and
+unnested by the server: one per column, except that a column with one value in all the
 chunk's rows is sent as that value and a column equal to an earlier one reuses its array
-(``_shape``). Elsewhere they are cached Core statements.
+(``_shape``). With another PostgreSQL driver it is the same statement built by SQLAlchemy;
+on SQLite a multi-row ``VALUES``.
 
-The returned ``Message`` is built the way the ORM builds a loaded one (its state filled with
-the row, its identity key set) and added to the session: nothing to flush, nothing to load.
+The returned ``Message`` is built from the row it wrote and attached to the session as a
+loaded one (``make_transient_to_detached``, then ``Session.add``): nothing to flush, nothing
+to load.
 """
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import json
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, NamedTuple
 
-import psycopg
-from sqlalchemy import Connection, String, Text, bindparam, cast, func, select
+from sqlalchemy import Connection, Dialect, String, bindparam, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
-from sqlalchemy.orm import Session, class_mapper, make_transient_to_detached
+from sqlalchemy.orm import Session, make_transient_to_detached
 
 from delivery.pipeline.models import Message, messages_table
 
-__all__ = ["COLUMNS", "insert_chunk", "insert_one", "overlapped", "send_chunk"]
+__all__ = [
+    "COLUMNS",
+    "CompiledInsert",
+    "compiled_insert",
+    "insert_chunk",
+    "insert_one",
+    "insert_statement",
+]
 
 #: The columns ``outbox.row_values`` fills, in the order of the INSERTs.
 COLUMNS = (
@@ -48,6 +55,7 @@ COLUMNS = (
     "max_attempts",
     "needs_lookup",
     "next_attempt_at",
+    "lease_expires_at",
     "message_type",
     "priority",
     "expires_at",
@@ -58,19 +66,12 @@ COLUMNS = (
 #: is complete and reading it never loads anything).
 _NEW_ROW = dict(
     budget_start=0,
-    lease_expires_at=None,
     last_error_code=None,
     last_error=None,
     provider_ref=None,
     sent_at=None,
 )
 _PAYLOAD = COLUMNS.index("payload")
-_PG_INSERT = (
-    f"INSERT INTO {messages_table.name} ({', '.join(COLUMNS)}, budget_start) "
-    f"VALUES ({', '.join(['%s'] * len(COLUMNS))}, 0) "
-    "ON CONFLICT (key) DO NOTHING RETURNING id"
-)
-_CURSOR = "delivery.insert_one.cursor"
 
 
 def insert_one(session: Session, values: dict[str, Any]) -> Message | None:
@@ -78,61 +79,76 @@ def insert_one(session: Session, values: dict[str, Any]) -> Message | None:
     if its key exists."""
     conn = session.connection(bind_arguments={"mapper": Message})
     dialect = conn.dialect
-    if _psycopg(conn):
-        cursor = _cursor(conn)
-        conn._cursor_execute(cursor, _PG_INSERT, _pg_params(conn, values))
-        row = cursor.fetchone()
-        new_id = None if row is None else row[0]
-    elif dialect.name in ("postgresql", "sqlite"):
-        new_id = conn.execute(_core_statement(dialect.name), values).scalar()
-    else:  # pragma: no cover - look first, then add
+    if dialect.name not in ("postgresql", "sqlite"):  # pragma: no cover - look first, then add
         if session.scalars(select(Message.id).where(Message.key == values["key"])).first():
             return None
         added = Message(**values)
         session.add(added)
         session.flush()
         return added
+    statement = compiled_insert(dialect)
+    new_id = conn.exec_driver_sql(statement.sql, statement.parameters(values)).scalar()
     if new_id is None:
         return None
-    message: Message = class_mapper(Message).class_manager.new_instance()  # configured
-    state = message.__dict__  # the ORM's loading fills it the same way
-    state.update(values)
-    state.update(_NEW_ROW)
-    state["id"] = new_id
+    message = Message(**values, **_NEW_ROW, id=new_id)
     make_transient_to_detached(message)  # its state is the row's: nothing to flush
     session.add(message)
     return message
 
 
+class CompiledInsert(NamedTuple):
+    """``insert_statement`` as SQLAlchemy compiles it for one dialect, and how a row's values
+    become its parameters: each through its column type's bind processing, in the order (or
+    under the names) of the dialect's paramstyle."""
+
+    sql: str
+    names: tuple[str, ...]
+    positional: bool
+    processors: tuple[tuple[str, Callable[[Any], Any]], ...]
+
+    def parameters(self, values: Mapping[str, Any]) -> Any:
+        """The statement's parameters for a row (``row_values``)."""
+        bound = {**values, "budget_start": 0}
+        for name, process in self.processors:
+            bound[name] = process(bound[name])
+        if self.positional:
+            return tuple([bound[name] for name in self.names])
+        return bound
+
+
+@functools.lru_cache(maxsize=32)
+def compiled_insert(dialect: Dialect) -> CompiledInsert:
+    """``insert_statement`` compiled once per dialect (an engine's: its ``json_serializer``
+    is part of the payload's processing), every column of ``COLUMNS`` and ``budget_start``
+    bound."""
+    names = (*COLUMNS, "budget_start")
+    stmt = insert_statement(dialect.name).values({name: None for name in names})
+    compiled = stmt.compile(dialect=dialect)
+    order = compiled.positiontup
+    processors = []
+    for name in names:
+        process = messages_table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
+        if process is not None:
+            processors.append((name, process))
+    return CompiledInsert(
+        compiled.string, tuple(order or names), order is not None, tuple(processors)
+    )
+
+
 def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
     """Insert ``rows`` in one statement; the new ones' key -> id (a key already in the
     outbox, or earlier in ``rows``, is not among them)."""
-    return send_chunk(session, rows)()
-
-
-def send_chunk(session: Session, rows: list[dict[str, Any]]) -> Callable[[], dict[str, int]]:
-    """Send ``insert_chunk``'s statement; the function returned reads its answer. Inside
-    ``overlapped`` the database runs the statement while the caller goes on until then."""
     conn = session.connection(bind_arguments={"mapper": Message})
     dialect = conn.dialect.name
     if _psycopg(conn):
         arrays = [[row[name] for row in rows] for name in COLUMNS]
-        serialize = _serializer(conn)
-        arrays[_PAYLOAD] = [serialize(payload) for payload in arrays[_PAYLOAD]]
-        shape, params = _shape(arrays)
-        cursor: Any = conn.connection.cursor()  # its own: the answer is read later
-        conn._cursor_execute(cursor, _pg_chunk(shape), params)
-
-        def answer() -> dict[str, int]:
-            with cursor:
-                return dict(cursor.fetchall())
-
-        return answer
+        shape, params = _shape(arrays, {_PAYLOAD: _json_param(conn)})
+        return {
+            key: new_id for key, new_id in conn.exec_driver_sql(_pg_chunk(shape), tuple(params))
+        }
     if dialect == "postgresql":  # another driver: the same statement, built by SQLAlchemy
         named = {f"a_{name}": [row[name] for row in rows] for name in COLUMNS}
-        named["a_payload"] = [_serializer(conn)(payload) for payload in named["a_payload"]]
-        found = {key: message_id for key, message_id in conn.execute(_core_chunk(), named)}
-        return lambda: found
+        return {key: new_id for key, new_id in conn.execute(_core_chunk(), named)}
     if dialect != "sqlite":  # pragma: no cover - other databases are not supported
         raise NotImplementedError(f"enqueue_many does not support {dialect}")
     stmt = (
@@ -141,62 +157,34 @@ def send_chunk(session: Session, rows: list[dict[str, Any]]) -> Callable[[], dic
         .on_conflict_do_nothing(index_elements=["key"])
         .returning(messages_table.c.key, messages_table.c.id)
     )
-    found = {key: message_id for key, message_id in conn.execute(stmt)}
-    return lambda: found
-
-
-@contextlib.contextmanager
-def overlapped(session: Session) -> Iterator[None]:
-    """psycopg's pipeline mode on the session's connection (PostgreSQL through psycopg with
-    libpq >= 14; elsewhere nothing): a statement ``send_chunk`` sends inside runs on the server
-    while Python goes on; leaving waits for it. Run only pure Python inside (no other SQL)."""
-    conn = session.connection(bind_arguments={"mapper": Message})
-    if not _psycopg(conn) or not psycopg.Pipeline.is_supported():
-        yield
-        return
-    dbapi: Any = conn.connection.dbapi_connection
-    with dbapi.pipeline():
-        yield
+    return {key: new_id for key, new_id in conn.execute(stmt)}
 
 
 def _psycopg(conn: Connection) -> bool:
     return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
 
 
-def _pg_params(conn: Connection, values: dict[str, Any]) -> list[Any]:
-    """``_PG_INSERT``'s parameters for one row: its values in ``COLUMNS`` order, the payload
-    serialized."""
-    params = [values[name] for name in COLUMNS]
-    params[_PAYLOAD] = _serializer(conn)(params[_PAYLOAD])
-    return params
+def _json_param(conn: Connection) -> Callable[[Any], Any]:
+    """The payload column's own bind processing on this connection's dialect (the engine's
+    ``json_serializer``): through psycopg, the payload wrapped for its JSON dumper."""
+    dialect = conn.dialect
+    process = messages_table.c.payload.type.dialect_impl(dialect).bind_processor(dialect)
+    return process if process is not None else _same
 
 
-def _serializer(conn: Connection) -> Callable[[Any], str]:
-    """The engine's JSON serializer (``create_engine(json_serializer=...)``), as the JSON
-    column would use it."""
-    serialize: Callable[[Any], str] = getattr(conn.dialect, "_json_serializer", None) or json.dumps
-    return serialize
-
-
-def _cursor(conn: Connection) -> Any:
-    """A cursor of this connection's database connection, made once and kept with it (the
-    pool's per-connection ``info`` is emptied when the connection is replaced)."""
-    proxied = conn.connection
-    dbapi = proxied.dbapi_connection
-    kept = proxied.info.get(_CURSOR)
-    if kept is not None and kept[0] is dbapi and not kept[1].closed:
-        return kept[1]
-    cursor = proxied.cursor()
-    proxied.info[_CURSOR] = (dbapi, cursor)
-    return cursor
+def _same(value: Any) -> Any:
+    return value
 
 
 #: A column of ``_shape``: one value for every row (sent once), or its own array.
 _ONE, _OWN = -1, -2
 
 
-def _shape(arrays: list[list[Any]]) -> tuple[tuple[int, ...], list[Any]]:
-    """How ``_pg_chunk`` sends each column of a chunk, and its parameters in that order.
+def _shape(
+    arrays: list[list[Any]], convert: dict[int, Callable[[Any], Any]]
+) -> tuple[tuple[int, ...], list[Any]]:
+    """How ``_pg_chunk`` sends each column of a chunk, and its parameters in that order (the
+    values of a column in ``convert`` passed through its function once shaped).
 
     A column with one value in every row (a campaign's channel, provider, policy, status,
     attempts, type, priority: most of them) is sent as that value, once; a column equal to an
@@ -210,9 +198,10 @@ def _shape(arrays: list[list[Any]]) -> tuple[tuple[int, ...], list[Any]]:
     size = len(arrays[0])
     for index, column in enumerate(arrays):
         first = column[0]
+        to = convert.get(index)
         if index != _KEY and column.count(first) == size:
             shape.append(_ONE)
-            ones.append(first)
+            ones.append(first if to is None else to(first))
             continue
         same = next(
             (
@@ -227,7 +216,7 @@ def _shape(arrays: list[list[Any]]) -> tuple[tuple[int, ...], list[Any]]:
         )
         if same is None:
             shape.append(_OWN)
-            own.append(column)
+            own.append(column if to is None else [to(value) for value in column])
         else:
             shape.append(same)
     return tuple(shape), ones + own  # the statement names the single values first
@@ -235,13 +224,10 @@ def _shape(arrays: list[list[Any]]) -> tuple[tuple[int, ...], list[Any]]:
 
 def _column_kinds() -> tuple[str, ...]:
     """The SQL type each of ``COLUMNS`` is sent as: the model's, strings unbounded (the
-    INSERT checks lengths: a cast would cut them), the payload as text (cast to JSON)."""
+    INSERT checks lengths: a cast would cut them)."""
     dialect = postgresql.psycopg.dialect()  # type: ignore[no-untyped-call]
     columns = [messages_table.c[name] for name in COLUMNS]
-    return tuple(
-        "TEXT" if isinstance(c.type, String) or c.name == "payload" else c.type.compile(dialect)
-        for c in columns
-    )
+    return tuple("TEXT" if isinstance(c.type, String) else c.type.compile(dialect) for c in columns)
 
 
 _KINDS = _column_kinds()
@@ -256,8 +242,7 @@ def _pg_chunk(shape: tuple[int, ...]) -> str:
     picked = []
     for index, how in enumerate(shape):
         source = COLUMNS[how if how >= 0 else index]
-        value = f"%b::{_KINDS[index]}" if how == _ONE else f"v.{source}"
-        picked.append(f"{value}::JSON" if index == _PAYLOAD else value)
+        picked.append(f"%b::{_KINDS[index]}" if how == _ONE else f"v.{source}")
     arrayed = [index for index, how in enumerate(shape) if how == _OWN]
     arrays = ", ".join(f"%b::{_KINDS[index]}[]" for index in arrayed)
     names = ", ".join(COLUMNS[index] for index in arrayed)
@@ -272,11 +257,9 @@ def _pg_chunk(shape: tuple[int, ...]) -> str:
 def _core_chunk() -> Any:
     """``_pg_chunk`` built by SQLAlchemy, for a PostgreSQL driver other than psycopg."""
     m = messages_table.c
-    kinds = {name: m[name].type for name in COLUMNS}
-    kinds["payload"] = Text()  # sent as JSON text, cast back below
-    arrays = [bindparam(f"a_{name}", type_=ARRAY(kinds[name])) for name in COLUMNS]
+    arrays = [bindparam(f"a_{name}", type_=ARRAY(m[name].type)) for name in COLUMNS]
     source = func.unnest(*arrays).table_valued(*COLUMNS).render_derived(name="v")
-    picked = [
+    picked = [  # a driver may send the payloads' array as text: cast back
         cast(source.c[name], m[name].type) if name == "payload" else source.c[name]
         for name in COLUMNS
     ]
@@ -289,9 +272,10 @@ def _core_chunk() -> Any:
 
 
 @functools.cache
-def _core_statement(dialect: str) -> Any:
-    """One Core ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING id`` per dialect, built
-    once: its compiled form is cached, and no ORM entity is loaded from its answer."""
+def insert_statement(dialect: str) -> Any:
+    """``insert_one``'s Core ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING id`` for
+    ``dialect`` (``postgresql`` or ``sqlite``), built once: its compiled form is cached, and
+    no ORM entity is loaded from its answer."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     m = messages_table
     return insert(m).on_conflict_do_nothing(index_elements=[m.c.key]).returning(m.c.id)

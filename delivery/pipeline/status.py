@@ -2,6 +2,8 @@
 
 ::
 
+    (new) ──enqueue, due now, nudge installed──▶ dispatched   (published after the commit)
+    (new) ──enqueue──▶ pending
     pending ──relay──▶ dispatched ──worker──▶ sending ──▶ sent
        ▲  │                 │                    │ ├────▶ dead      (permanent, or attempts spent)
        │  └─cancel─▶ cancelled                   │ ├────▶ unknown   (policy give_up)
@@ -13,8 +15,11 @@
     dead, unknown ──redrive──▶ pending   (same key; attempts go on, a fresh budget)
 
 - ``pending``: waits for ``next_attempt_at``; the relay claims it.
-- ``dispatched``: a task was published; ``lease_expires_at`` bounds how long the row waits for
-  it. A short retry also parks the row here with ``next_attempt_at`` in the future.
+- ``dispatched``: a task was published (or, for a row ``enqueue`` wrote claimed while the
+  post-commit nudge is installed, is published right after the caller's commit);
+  ``lease_expires_at`` bounds how long the row waits for it, so a publish lost with its
+  process comes back to ``pending`` ``dispatch_lease`` after the ``enqueue``. A short retry
+  also parks the row here with ``next_attempt_at`` in the future.
 - ``sending``: a worker committed that it is calling the provider; the unknown window.
 - ``sent``: the provider accepted it (``provider_ref`` holds its id).
 - ``dead``: permanent error, or attempts exhausted; ops can redrive it.

@@ -26,8 +26,9 @@ carries message ids and keys only, never a recipient or a payload: its args, its
 
 Returns the tasks published per priority: the relay's back-pressure counts tasks.
 
-``_nudge``, installed into ``delivery.pipeline.outbox`` when this module is imported, is the
-post-commit nudge: it claims the rows one commit made and publishes them here.
+``publish`` is also the post-commit nudge, installed into ``delivery.pipeline.outbox`` when this
+module is imported: a due row enqueued while it is installed is written claimed, and its task is
+published here right after the caller's commit.
 """
 
 from __future__ import annotations
@@ -40,13 +41,13 @@ from typing import Any, NamedTuple
 from celery import Task
 
 from delivery.pipeline import outbox
-from delivery.pipeline.relay import Claim, relay_once
+from delivery.pipeline.relay import Claim
 from delivery.runtime.current import get_settings
 from delivery.worker.app import QUEUE, QUEUES, app
 from delivery.worker.batch import deliver_batch
 from delivery.worker.deliver import deliver
 
-__all__ = ["NUDGE_MAX", "PUBLISH_RETRY", "batches", "publish"]
+__all__ = ["PUBLISH_RETRY", "batches", "publish"]
 
 #: kombu's retry policy for one publish: about 1.5 s at most before the relay gives the rows back.
 PUBLISH_RETRY = {"max_retries": 3, "interval_start": 0.0, "interval_step": 0.5, "interval_max": 1.0}
@@ -135,22 +136,4 @@ def publish(claims: Sequence[Claim]) -> dict[str, int]:
     return published
 
 
-#: A nudge claims at most this many of the rows one commit made (``enqueue_many``); the beat
-#: relay publishes the rest within ``relay_interval``.
-NUDGE_MAX = 500
-
-
-def _nudge(engine: Any, ids: list[int]) -> None:
-    settings = get_settings()
-    ids = ids[:NUDGE_MAX]
-    relay_once(
-        engine,
-        publish,
-        batch=max(len(ids), 1),
-        lease=settings.dispatch_lease,
-        ids=ids,
-        max_batches=1,
-    )
-
-
-outbox.set_nudge(_nudge)
+outbox.set_nudge(publish)  # the post-commit nudge publishes the rows enqueue wrote claimed

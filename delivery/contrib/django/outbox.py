@@ -2,8 +2,10 @@
 
 It runs inside ``transaction.atomic(using=...)``: within the caller's ``atomic`` block it is
 a savepoint of the caller's transaction (rollback: no row, no send); outside one, its own
-transaction. The post-commit nudge is registered with ``transaction.on_commit``, so it runs
-only once the outermost transaction has committed, and never after a rollback.
+transaction. A due message is written claimed when the nudge is installed
+(``delivery.pipeline.outbox``), and its publish is registered with ``transaction.on_commit``,
+so it runs only once the outermost transaction has committed, and never after a rollback
+(of that transaction or of the savepoint that wrote the row).
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 
 from delivery.config.settings import Settings
 from delivery.contrib.django.connection import borrowed_session
-from delivery.contrib.nudge import installed, nudge_after_commit
+from delivery.contrib.nudge import publish_after_commit
 from delivery.pipeline import outbox
 from delivery.pipeline.models import Message
 from delivery.pipeline.outbox import EnqueueArgs
-from delivery.pipeline.status import Status
 
 __all__ = ["enqueue"]
 
@@ -40,10 +41,11 @@ def enqueue(
     """
     with transaction.atomic(using=using), borrowed_session(using) as session:
         message_row = outbox.enqueue(session, settings=settings, **message)
-        if message_row.status == Status.PENDING.value and installed():
-            # The nudge claims only rows that are pending and due, so nudging a message that
-            # already existed, or one scheduled for later, is a no-op.
+        # Only a row this call wrote claimed (new, due, the nudge installed): Django commits,
+        # so the session's own after-commit nudge never runs.
+        claims = outbox.take_claims(session)
+        if claims:
             transaction.on_commit(
-                functools.partial(nudge_after_commit, [message_row.id]), using=using, robust=True
+                functools.partial(publish_after_commit, claims), using=using, robust=True
             )
     return message_row
