@@ -299,8 +299,12 @@ def test_an_opentelemetry_producer_span_is_the_parent_of_the_workers_span(
     assert producer.kind.name == "PRODUCER"
     assert producer.attributes is not None
     assert producer.attributes.get("messaging.message.id") == "pub-otel"
-    [consumer] = consumer_spans()
-    assert consumer["kind"] == "SpanKind.CONSUMER"
+    # A busy machine may make the worker retry the task (a connect timeout is retryable): a
+    # retry runs again under the same task id, published from inside the first run's span, so
+    # every run is in the producer's trace and the first one is the producer's child.
+    consumers = sorted(consumer_spans(), key=lambda span: span["start_time"])
+    assert consumers and all(span["kind"] == "SpanKind.CONSUMER" for span in consumers)
     assert producer.context is not None
-    assert consumer["context"]["trace_id"] == f"0x{producer.context.trace_id:032x}"
-    assert consumer["parent_id"] == f"0x{producer.context.span_id:016x}"
+    trace_id = f"0x{producer.context.trace_id:032x}"
+    assert {span["context"]["trace_id"] for span in consumers} == {trace_id}
+    assert consumers[0]["parent_id"] == f"0x{producer.context.span_id:016x}"
