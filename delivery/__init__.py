@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
+from delivery.core.models import Attempt, Message
+from delivery.core.policies import UnknownPolicy
+from delivery.core.status import Status
 from delivery.errors import (
     ConfigError,
     DeliveryError,
@@ -23,12 +26,9 @@ from delivery.errors import (
     MessageNotFound,
 )
 from delivery.observability.events import Transition, add_hook
-from delivery.pipeline.bulk import Enqueued, enqueue_many
-from delivery.pipeline.keys import agent_key, key
-from delivery.pipeline.models import Attempt, Message
-from delivery.pipeline.outbox import EnqueueArgs, enqueue
-from delivery.pipeline.policies import UnknownPolicy
-from delivery.pipeline.status import Status
+from delivery.outbox.bulk import Enqueued, enqueue_many
+from delivery.outbox.enqueue import EnqueueArgs, enqueue
+from delivery.outbox.keys import agent_key, key
 from delivery.runtime.current import configure, get_settings
 
 __all__ = [

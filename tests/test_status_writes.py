@@ -1,4 +1,4 @@
-"""One room writes a message's status: ``delivery/pipeline/transitions/``. Every other module
+"""One room writes a message's status: ``delivery/transitions/``. Every other module
 asks it (docs/concepts.md, "How a message travels"). The source of ``delivery/`` is read as
 Python (its AST), and any UPDATE of the status column outside that room fails the test:
 
@@ -106,11 +106,9 @@ def _modules() -> list[Path]:
 
 
 def test_only_the_transitions_room_writes_a_messages_status() -> None:
-    """No module of delivery/ outside ``pipeline/transitions/`` UPDATEs the status column."""
+    """No module of delivery/ outside ``transitions/`` UPDATEs the status column."""
     writes = [w for path in _modules() for w in status_writes(path)]
-    assert writes == [], "status written outside delivery/pipeline/transitions/:\n" + "\n".join(
-        writes
-    )
+    assert writes == [], "status written outside delivery/transitions/:\n" + "\n".join(writes)
 
 
 def test_the_room_is_where_status_is_written() -> None:
