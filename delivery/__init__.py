@@ -3,13 +3,14 @@
 Write a message in your own transaction with ``enqueue``; the Celery service in ``delivery.worker``
 sends it so that it takes effect once, is never lost, and can be repaired by ops.
 
-The names below are the public API. The rooms behind them, each package's docstring saying
-what lives there and what it may import: ``core`` (the shared vocabulary: schema, states,
-outcomes), ``transitions`` (the one writer of a message's status), ``outbox`` (``enqueue``),
-``relay`` (what beat runs), ``sending`` (what a worker's task does), ``guards`` (circuit breaker, rate limit), ``providers`` (the adapters), ``ops``
-(inspect, repair, prune), ``observability`` (events, metrics), ``cli``, ``testing`` (the stub
-provider, the demo), ``config`` (settings), ``runtime`` (this process's wiring), ``console``, ``contrib`` (Flask,
-Django) and ``worker`` (the Celery app). Nothing here imports Celery.
+The names below are the public API. The rooms behind them, each package's docstring saying what
+lives there and what it may import: ``core`` (the shared vocabulary: schema, states, outcomes),
+``transitions`` (the one writer of a message's status), ``outbox`` (``enqueue``), ``relay``
+(what beat runs), ``sending`` (what a worker's task does), ``guards`` (circuit breaker, rate
+limit), ``providers`` (the adapters), ``ops`` (inspect, repair, prune), ``observability``
+(events, metrics), ``cli``, ``testing`` (the stub provider, the demo), ``config`` (settings),
+``runtime`` (this process's wiring), ``console``, ``contrib`` (Flask, Django) and ``worker``
+(the Celery app). Nothing here imports Celery.
 """
 
 from __future__ import annotations

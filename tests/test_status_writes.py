@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "delivery"
-ROOM = ROOT / "pipeline" / "transitions"
+ROOM = ROOT / "transitions"
 _SQL = re.compile(r"UPDATE\s+delivery_messages\s+SET\b[^;]*\bstatus\s*=", re.I | re.S)
 _TABLES = {"messages_table", "Message"}
 
@@ -135,7 +135,7 @@ def test_the_room_is_where_status_is_written() -> None:
 )
 def test_a_status_write_elsewhere_is_found(source: str) -> None:
     """Each way of writing the status column, added to a module outside the room, is found."""
-    module = ROOT / "pipeline" / "_probe_status_write.py"
+    module = ROOT / "sending" / "_probe_status_write.py"
     module.write_text(source)
     try:
         assert list(status_writes(module)), source
@@ -146,7 +146,7 @@ def test_a_status_write_elsewhere_is_found(source: str) -> None:
 def test_reads_and_inserts_are_not_writes() -> None:
     """A query on the status, an INSERT with an initial status and a lease-only UPDATE are no
     transitions."""
-    module = ROOT / "pipeline" / "_probe_status_read.py"
+    module = ROOT / "sending" / "_probe_status_read.py"
     module.write_text(
         "def f(conn):\n"
         "    conn.execute(select(m.id).where(m.status == 'pending'))\n"
