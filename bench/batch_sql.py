@@ -28,10 +28,10 @@ from bench.common import (
     log,
     session,
 )
-from delivery.pipeline.relay import claim
-from delivery.pipeline.sender import deliver_many
+from delivery.relay.claims import claim
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
+from delivery.sending.sender import deliver_many
 
 
 def kind(statement: str) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 import httpx
 
 from delivery.config.settings import ProviderConfig, Timeouts
-from delivery.pipeline.outcomes import classify_exception, classify_response
+from delivery.core.outcomes import classify_exception, classify_response
 from delivery.providers.base import Envelope
 from delivery.providers.http import HttpProvider
 

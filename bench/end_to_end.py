@@ -57,8 +57,8 @@ from bench.common import (
     wait_until,
 )
 from delivery import enqueue, enqueue_many
-from delivery.pipeline import outbox
-from delivery.pipeline.models import Message
+from delivery.core.models import Message
+from delivery.outbox import enqueue as outbox
 from delivery.runtime.db import make_engine
 from delivery.worker import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 

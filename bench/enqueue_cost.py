@@ -47,8 +47,9 @@ from sqlalchemy.orm import Session
 from bench import celery_alone
 from bench.common import Order, fresh_database, log, median, report, row, session, truncate
 from delivery import enqueue, enqueue_many
-from delivery.pipeline import insert, outbox
-from delivery.pipeline.outbox import row_values
+from delivery.outbox import enqueue as outbox
+from delivery.outbox import insert
+from delivery.outbox.enqueue import row_values
 from delivery.runtime.current import get_settings
 from delivery.worker import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 

@@ -2,7 +2,7 @@
 final (``sent``) rows plus 10,000 due; the query plans; the end-to-end rate at both sizes.
 
 Rows are bulk-loaded with ``generate_series`` and the table is ``VACUUM ANALYZE``d. A claim
-batch is ``delivery.pipeline.relay.claim(limit=500)`` in its own transaction, commit included,
+batch is ``delivery.relay.claims.claim(limit=500)`` in its own transaction, commit included,
 on one held connection (as the beat relay runs it, so psycopg's server-side prepared statement and
 PostgreSQL's plan cache are in play); the 10,000 due rows give 20 batches per round, and the
 median over ``--rounds`` rounds is reported. ``EXPLAIN (ANALYZE)`` of the claim statement at
@@ -46,7 +46,7 @@ from bench.common import (
     vacuum,
     wait_until,
 )
-from delivery.pipeline.relay import claim
+from delivery.relay.claims import claim
 
 INDEX = "ix_delivery_messages_due"
 

@@ -24,7 +24,7 @@ import httpx
 
 from bench.common import STUB_URL, median, report, row, session
 from delivery.config.settings import ProviderConfig, Timeouts
-from delivery.pipeline.outcomes import Delivered
+from delivery.core.outcomes import Delivered
 from delivery.providers.base import Envelope
 from delivery.providers.http import HttpProvider
 

@@ -31,7 +31,7 @@ from bench.common import (
     wait_until,
 )
 from delivery import enqueue
-from delivery.pipeline import outbox
+from delivery.outbox import enqueue as outbox
 from delivery.worker import app as _tasks  # noqa: F401  (after bench.common: installs the nudge here)
 
 

@@ -45,7 +45,7 @@ from bench.common import (
     vacuum,
 )
 from delivery.config.loading import load_settings
-from delivery.pipeline.relay import Claim, relay_once
+from delivery.relay.claims import Claim, relay_once
 from delivery.runtime.current import configure
 from delivery.worker.app import QUEUE, app
 from delivery.worker.deliver import deliver

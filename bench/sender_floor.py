@@ -4,7 +4,7 @@ Celery, to tell how much of the end-to-end gap is the sender's database work.
 Three ways over the same kind of ``dispatched`` rows and the same stub, interleaved in blocks
 of 250 for ``--rounds`` rounds (the first dropped), median ms per message:
 
-- ``shipped``: ``delivery.pipeline.sender.deliver`` as it is (a read in an ORM session, the
+- ``shipped``: ``delivery.sending.sender.deliver`` as it is (a read in an ORM session, the
   ``sending`` commit, the POST, then the attempt row and ``sent`` in a third transaction, plus
   the breaker and the transition hooks);
 - ``lean``: an experiment, not product code: the happy path in two single-statement
@@ -25,13 +25,13 @@ from typing import Any
 from sqlalchemy import bindparam, text, update
 
 from bench.common import fresh_database, insert_rows, median, report, row, session
-from delivery.pipeline.models import messages_table as m
-from delivery.pipeline.models import utcnow
-from delivery.pipeline.relay import claim
-from delivery.pipeline.sender import deliver
+from delivery.core.models import messages_table as m
+from delivery.core.models import utcnow
 from delivery.providers import Envelope
+from delivery.relay.claims import claim
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
+from delivery.sending.sender import deliver
 
 TAKE = (
     update(m)

@@ -1,7 +1,7 @@
 """Exceptions raised by ``delivery``.
 
 Exceptions are for bad input and bugs, never for the outcome of a send (see
-``delivery.pipeline.outcomes`` for that). The tree::
+``delivery.core.outcomes`` for that). The tree::
 
     DeliveryError
     ├── ConfigError            a setting is missing or wrong; names the key

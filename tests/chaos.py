@@ -30,8 +30,8 @@ from typing import Any
 from sqlalchemy import text
 
 from delivery.config.settings import Settings
-from delivery.pipeline.models import utcnow
-from delivery.pipeline.status import FINAL
+from delivery.core.models import utcnow
+from delivery.core.status import FINAL
 from tests.chaos_cluster import (
     ChaosConfig,
     Cluster,

@@ -29,8 +29,8 @@ from sqlalchemy.orm import Session
 import delivery
 from delivery.config.loading import load_settings
 from delivery.config.settings import ProviderConfig, Settings
-from delivery.pipeline import outbox
-from delivery.pipeline.status import FINAL
+from delivery.core.status import FINAL
+from delivery.outbox import enqueue as outbox
 from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.processes import (
     ServiceProcess,

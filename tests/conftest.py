@@ -269,7 +269,7 @@ def counts(engine: Engine) -> dict[str, int]:
 
 def drained(engine: Engine, total: int, timeout: float = 90.0) -> dict[str, int]:
     """Wait until all ``total`` messages are in a final status; return the counts."""
-    from delivery.pipeline.status import FINAL
+    from delivery.core.status import FINAL
 
     final = tuple(FINAL)
 

@@ -8,7 +8,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from delivery.pipeline.models import Attempt, Message, utcnow
+from delivery.core.models import Attempt, Message, utcnow
 
 RECIPIENT = "+15555550123"
 

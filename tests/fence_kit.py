@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, create_engine, insert, text
 
-from delivery.pipeline import outcomes
-from delivery.pipeline.models import messages_table, utcnow
+from delivery.core import outcomes
+from delivery.core.models import messages_table, utcnow
 from delivery.providers.base import Envelope
 from delivery.runtime.db import make_sessionmaker
 from delivery.runtime.service import Service

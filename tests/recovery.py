@@ -16,7 +16,7 @@ from dataclasses import fields
 from pathlib import Path
 
 from delivery.config.settings import BreakerConfig, Settings, Timeouts
-from delivery.pipeline.models import utcnow
+from delivery.core.models import utcnow
 from tests.chaos import Report, Run, all_sent
 from tests.chaos_cluster import ChaosConfig, Cluster, Feeder, wait_until
 

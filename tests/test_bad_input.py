@@ -26,8 +26,8 @@ from sqlalchemy.orm import Session
 import delivery
 from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
+from delivery.core.models import Attempt, Message
 from delivery.errors import ConfigError, DeliveryError, IdempotencyConflict, InvalidMessage
-from delivery.pipeline.models import Attempt, Message
 from tests.chaos_cluster import ChaosConfig, Cluster
 
 SMS: dict[str, Any] = dict(channel="sms", to="+12015550123", payload={"body": "hello"})

@@ -17,13 +17,13 @@ from sqlalchemy.orm import Session
 
 import delivery
 import delivery.worker
+from delivery.core.models import attempts_table, messages_table, utcnow
 from delivery.observability import events
-from delivery.pipeline.models import attempts_table, messages_table, utcnow
-from delivery.pipeline.relay import Claim
-from delivery.pipeline.sender import deliver_many
-from delivery.pipeline.transitions import Action
+from delivery.relay.claims import Claim
 from delivery.runtime.current import get_settings
 from delivery.runtime.service import Service
+from delivery.sending.sender import deliver_many
+from delivery.transitions import Action
 from delivery.worker.leases import held_ids
 from delivery.worker.publish import batches
 from tests.conftest import RUN_DIR, drained

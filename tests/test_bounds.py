@@ -21,10 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from delivery.config.settings import Backoff, ProviderConfig, Timeouts
-from delivery.errors import InvalidMessage
-from delivery.pipeline import bounds
-from delivery.pipeline.backoff import MAX_BACKOFF, compute_backoff
-from delivery.pipeline.outcomes import (
+from delivery.core import bounds
+from delivery.core.backoff import MAX_BACKOFF, compute_backoff
+from delivery.core.outcomes import (
     Delivered,
     Found,
     LookupFailed,
@@ -33,7 +32,8 @@ from delivery.pipeline.outcomes import (
     Unknown,
     parse_retry_after,
 )
-from delivery.pipeline.validation import check_recipient
+from delivery.errors import InvalidMessage
+from delivery.outbox.validation import check_recipient
 from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.providers.client import BODY_LIMIT

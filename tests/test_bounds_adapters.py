@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from sqlalchemy import Engine, insert, select, update
 
 from delivery.config.settings import Backoff, ProviderConfig, Timeouts
-from delivery.pipeline import bounds
-from delivery.pipeline.models import attempts_table, messages_table, utcnow
-from delivery.pipeline.outcomes import (
+from delivery.core import bounds
+from delivery.core.models import attempts_table, messages_table, utcnow
+from delivery.core.outcomes import (
     Absent,
     Delivered,
     Found,
@@ -29,15 +29,15 @@ from delivery.pipeline.outcomes import (
     Retryable,
     Unknown,
 )
-from delivery.pipeline.policies import UnknownPolicy
-from delivery.pipeline.transitions import Sending
-from delivery.pipeline.transitions.attempts import log_attempt
+from delivery.core.policies import UnknownPolicy
 from delivery.providers import calls
 from delivery.providers.base import Envelope, Provider
 from delivery.providers.http import HttpProvider
 from delivery.providers.pigeon import PigeonProvider
 from delivery.providers.twilio import TwilioProvider
 from delivery.providers.webhook import WebhookProvider
+from delivery.transitions import Sending
+from delivery.transitions.attempts import log_attempt
 from tests.factories import message_values
 
 pytestmark = pytest.mark.integration

@@ -30,6 +30,17 @@ from sqlalchemy.orm import Session
 from delivery.cli import main
 from delivery.config.loading import load_settings, settings_from_mapping
 from delivery.config.settings import BreakerConfig, Settings
+from delivery.core.models import Attempt, Message, utcnow
+from delivery.core.outcomes import (
+    Absent,
+    Delivered,
+    Found,
+    LookupFailed,
+    Permanent,
+    Retryable,
+    Undeliverable,
+    Unknown,
+)
 from delivery.errors import ConfigError
 from delivery.guards.breaker import (
     HALF_OPEN_POLL,
@@ -42,23 +53,12 @@ from delivery.guards.breaker import (
 )
 from delivery.guards.breaker_machine import probe_rule
 from delivery.guards.redis_client import redis_client as make_client
-from delivery.pipeline import outbox
-from delivery.pipeline.attempt import CIRCUIT_OPEN, breaker_verdict
-from delivery.pipeline.models import Attempt, Message, utcnow
-from delivery.pipeline.outcomes import (
-    Absent,
-    Delivered,
-    Found,
-    LookupFailed,
-    Permanent,
-    Retryable,
-    Undeliverable,
-    Unknown,
-)
-from delivery.pipeline.relay import claim
-from delivery.pipeline.sender import deliver, deliver_many
+from delivery.outbox import enqueue as outbox
+from delivery.relay.claims import claim
 from delivery.runtime.db import make_engine, upgrade
 from delivery.runtime.service import Service
+from delivery.sending.attempt import CIRCUIT_OPEN, breaker_verdict
+from delivery.sending.sender import deliver, deliver_many
 from delivery.testing.processes import (
     ServiceProcess,
     beat,

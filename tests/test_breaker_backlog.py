@@ -22,8 +22,8 @@ from sqlalchemy.orm import Session
 from delivery.config.loading import load_settings
 from delivery.config.settings import BreakerConfig, Settings
 from delivery.guards.breaker_machine import probe_rule
-from delivery.pipeline import outbox
-from delivery.pipeline.bulk import enqueue_many
+from delivery.outbox import enqueue as outbox
+from delivery.outbox.bulk import enqueue_many
 from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.processes import ServiceProcess, beat, start_all, stop_all, stub_provider
 from delivery.testing.processes import worker as worker_process

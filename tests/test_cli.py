@@ -12,8 +12,8 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from delivery.cli import main
+from delivery.core.models import Attempt, Message, utcnow
 from delivery.observability.events import Transition, add_hook, remove_hook
-from delivery.pipeline.models import Attempt, Message, utcnow
 from tests.factories import add
 
 RECIPIENT = "+15555550123"

@@ -23,7 +23,7 @@ from delivery.config.settings import BreakerConfig
 from delivery.errors import ConfigError, InvalidMessage
 from delivery.guards.breaker import CircuitBreaker, Verdict
 from delivery.guards.redis_client import redis_client as make_client
-from delivery.pipeline.validation import check_payload
+from delivery.outbox.validation import check_payload
 from tests.conftest import PG_SERVER, REDIS_URL
 from tests.factories import add, add_attempt
 

@@ -175,11 +175,17 @@ def test_config_check_names_an_environment_variable() -> None:
     ("text", "key"),
     [
         ("[timeouts]\nread = 100\n", "timeouts.read"),
-        ('[providers.s]\nkind = "http"\nbase_url = "http://x"\n[providers.s.timeouts]\n'
-         "read = 100\n", "providers.s.timeouts.read"),
+        (
+            '[providers.s]\nkind = "http"\nbase_url = "http://x"\n[providers.s.timeouts]\n'
+            "read = 100\n",
+            "providers.s.timeouts.read",
+        ),
         ("[delivery]\nsend_lease = 20\n[timeouts]\nread = 30\n", "delivery.send_lease"),
-        ('[timeouts]\nread = 100\n[providers.s]\nkind = "http"\nbase_url = "http://x"\n'
-         "[providers.s.timeouts]\nconnect = 1\n", "timeouts.read"),
+        (
+            '[timeouts]\nread = 100\n[providers.s]\nkind = "http"\nbase_url = "http://x"\n'
+            "[providers.s.timeouts]\nconnect = 1\n",
+            "timeouts.read",
+        ),
         ("[delivery]\nrelay_interval = 5\n", "delivery.relay_interval"),
         ("[backoff]\nbase = 500\n", "backoff.base"),
         ("[delivery]\nsend_lease = 30\nhold_lease = 40\n", "delivery.hold_lease"),

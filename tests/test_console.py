@@ -19,8 +19,8 @@ from delivery import ops
 from delivery.config.loading import load_settings
 from delivery.console import parse_users
 from delivery.console.app import create_app
+from delivery.core.models import AuditEntry, Message, utcnow
 from delivery.errors import ConfigError
-from delivery.pipeline.models import AuditEntry, Message, utcnow
 from tests.factories import RECIPIENT, add, add_attempt, message_values
 
 OPERATOR = ("ann", "correct-horse-battery")

@@ -19,7 +19,7 @@ from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.pipeline.models import Message
+from delivery.core.models import Message
 from delivery.runtime.db import make_sessionmaker
 from delivery.testing.processes import ServiceProcess
 from tests.conftest import IN_CI, RUN_DIR, free_port, wait_until

@@ -14,8 +14,8 @@ from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
 from delivery import ops
+from delivery.core.models import utcnow
 from delivery.ops.search import page_query
-from delivery.pipeline.models import utcnow
 from delivery.testing.fill import fill_outbox
 
 ROWS = 300_000

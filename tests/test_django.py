@@ -39,7 +39,7 @@ import delivery
 from delivery.contrib.django import enqueue
 from delivery.contrib.django import models as django_models
 from delivery.contrib.django.connection import sqlalchemy_url
-from delivery.pipeline.models import Attempt, AuditEntry, Message
+from delivery.core.models import Attempt, AuditEntry, Message
 from tests.conftest import PG_URL, drained
 from tests.test_startup import scratch_database
 

@@ -13,10 +13,10 @@ from sqlalchemy.orm import Session
 
 import delivery
 from delivery.config.loading import load_settings
+from delivery.core.models import Message
 from delivery.errors import ConfigError, IdempotencyConflict, InvalidMessage
-from delivery.pipeline import outbox
-from delivery.pipeline.models import Message
-from delivery.pipeline.relay import Claim
+from delivery.outbox import enqueue as outbox
+from delivery.relay.claims import Claim
 from delivery.runtime.db import make_engine, upgrade
 
 SMS = dict(channel="sms", to="+12015550123", payload={"body": "hello"})

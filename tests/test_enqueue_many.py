@@ -15,8 +15,9 @@ from sqlalchemy import Engine, event, func, select
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.pipeline import bulk, outbox
-from delivery.pipeline.models import Message
+from delivery.core.models import Message
+from delivery.outbox import bulk
+from delivery.outbox import enqueue as outbox
 from tests.test_enqueue import Publisher
 
 LATER = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)

@@ -16,19 +16,19 @@ from sqlalchemy import Engine, select, update
 from sqlalchemy.orm import Session
 
 from delivery.config.settings import ProviderConfig, Timeouts
+from delivery.core import outcomes
+from delivery.core.models import attempts_table, messages_table, utcnow
+from delivery.core.policies import UnknownPolicy
 from delivery.errors import ConfigError
 from delivery.ops.repair import redrive
-from delivery.pipeline import outcomes
-from delivery.pipeline.attempt import PROVIDER_NOT_CONFIGURED
-from delivery.pipeline.models import attempts_table, messages_table, utcnow
-from delivery.pipeline.policies import UnknownPolicy
-from delivery.pipeline.relay import relay_once
-from delivery.pipeline.sender import deliver
-from delivery.pipeline.settle import after_send
-from delivery.pipeline.sweeper import sweep
-from delivery.pipeline.transitions import Action, Result, Sending
 from delivery.providers.pigeon import SMTP_BUDGET, PigeonProvider
 from delivery.providers.secrets import check_secrets
+from delivery.relay.claims import relay_once
+from delivery.relay.sweeper import sweep
+from delivery.sending.attempt import PROVIDER_NOT_CONFIGURED
+from delivery.sending.sender import deliver
+from delivery.sending.settle import after_send
+from delivery.transitions import Action, Result, Sending
 from tests.fence_kit import ProviderStub, add_row, fence_db, fence_engine, service_on
 
 __all__ = ["fence_db", "fence_engine"]  # fixtures, used by name
@@ -288,9 +288,10 @@ def test_leases_and_due_times_use_the_database_clock(
 ) -> None:
     """With this host's clock an hour ahead, the sweeper ends no live lease and the relay
     claims no row that is not due yet by the database's clock."""
-    from delivery.pipeline import models, sweeper
-    from delivery.pipeline import relay as relay_module
-    from delivery.pipeline.transitions import fence, recovery, worker
+    from delivery.core import models
+    from delivery.relay import claims as relay_module
+    from delivery.relay import sweeper
+    from delivery.transitions import fence, recovery, worker
 
     ahead = lambda: dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)  # noqa: E731
     now = utcnow()

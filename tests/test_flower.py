@@ -21,7 +21,7 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 import delivery
-import delivery.pipeline.models
+import delivery.core.models
 import delivery.worker
 from delivery.config.settings import BreakerConfig
 from delivery.guards.breaker import CircuitBreaker, Verdict
@@ -195,7 +195,7 @@ def test_flower_shows_a_parked_send_as_parked_and_counts_retries_across_republis
 
     with Session(live) as session, session.begin():
         values = message_values("flower-again", attempts=3, recipient=DELIVERED)
-        session.add(delivery.pipeline.models.Message(**values))
+        session.add(delivery.core.models.Message(**values))
     wait_until(lambda: tasks_by_id(flower.client).get("flower-again", {}).get("state") == "SUCCESS")
     assert flower.client.get("/api/task/info/flower-again").json()["retries"] == 3
 

@@ -17,11 +17,11 @@ from collections.abc import Sequence
 import pytest
 from sqlalchemy import Engine, insert, select
 
-from delivery.pipeline.backpressure import SHARE, Backpressure
-from delivery.pipeline.leases import Renewed, renew_held, renew_queued
-from delivery.pipeline.models import messages_table, utcnow
-from delivery.pipeline.relay import Claim, relay_once
-from delivery.pipeline.sweeper import sweep
+from delivery.core.models import messages_table, utcnow
+from delivery.relay.backpressure import SHARE, Backpressure
+from delivery.relay.claims import Claim, relay_once
+from delivery.relay.sweeper import sweep
+from delivery.sending.leases import Renewed, renew_held, renew_queued
 from tests.factories import message_values
 
 LATER = dt.timedelta(hours=1)

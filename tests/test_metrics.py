@@ -29,12 +29,12 @@ from sqlalchemy.orm import Session
 from delivery.cli import main
 from delivery.config.loading import load_settings
 from delivery.config.settings import BreakerConfig
+from delivery.core.models import Message, utcnow
+from delivery.core.status import FINAL
 from delivery.guards.breaker import BreakerState, BreakerTransition, CircuitBreaker, Verdict
 from delivery.guards.redis_client import redis_client
 from delivery.observability.events import Transition, emit
 from delivery.observability.metrics import OutboxCollector, WorkerMetrics, exporter_registry
-from delivery.pipeline.models import Message, utcnow
-from delivery.pipeline.status import FINAL
 from delivery.runtime.db import make_engine, make_sessionmaker, upgrade
 from delivery.testing.processes import ServiceProcess, worker
 from delivery.testing.stub_provider import StubServer

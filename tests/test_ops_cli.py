@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 
 from delivery import ops
 from delivery.cli import main
+from delivery.core.models import Attempt, Message, utcnow
 from delivery.observability.events import Transition, add_hook, remove_hook
-from delivery.pipeline.models import Attempt, Message, utcnow
 from delivery.runtime.db import make_sessionmaker
 from tests.factories import add
 

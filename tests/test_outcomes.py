@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from delivery.config.settings import Backoff
-from delivery.pipeline.backoff import compute_backoff
-from delivery.pipeline.outcomes import (
+from delivery.core.backoff import compute_backoff
+from delivery.core.outcomes import (
     Delivered,
     Permanent,
     Retryable,

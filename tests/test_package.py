@@ -11,7 +11,7 @@ import pytest
 from sqlalchemy import Engine, inspect, text
 
 import delivery
-from delivery.pipeline.models import Base
+from delivery.core.models import Base
 from delivery.runtime.db import make_engine, upgrade
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,4 +1,4 @@
-"""SMS recipients (``delivery.pipeline.validation.check_recipient``) against ``phonenumbers``
+"""SMS recipients (``delivery.outbox.validation.check_recipient``) against ``phonenumbers``
 itself (pure, no services): a recipient is accepted exactly when the library's public API finds
 it a valid number whose E.164 form is the input, over every region's example numbers of every
 type and their mutations; everything else gets one error, which names the field, says what
@@ -20,8 +20,8 @@ from phonenumbers import PhoneNumberFormat, PhoneNumberType
 from phonenumbers.phonemetadata import PhoneMetadata
 
 from delivery import InvalidMessage
-from delivery.pipeline import validation
-from delivery.pipeline.validation import check_recipient
+from delivery.outbox import validation
+from delivery.outbox.validation import check_recipient
 
 #: The one error for an SMS recipient, whatever is wrong with it (docs/concepts.md, "Enqueue").
 WORDING = (

@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 import delivery
 import delivery.worker
-from delivery.pipeline.models import Attempt, Message
-from delivery.pipeline.relay import Claim
+from delivery.core.models import Attempt, Message
+from delivery.relay.claims import Claim
 from tests.conftest import counts, drained
 
 pytestmark = pytest.mark.integration
@@ -135,8 +135,8 @@ def test_give_up_policy_parks_unknown_with_at_most_one_effect(live: Engine, stub
 
 def test_task_for_a_finished_message_does_nothing(live: Engine, stub) -> None:  # type: ignore[no-untyped-def]
     """A duplicate deliver task for a sent message is a no-op: no second request."""
-    from delivery.pipeline.sender import deliver
     from delivery.runtime.service import Service
+    from delivery.sending.sender import deliver
 
     with Session(live) as session, session.begin():
         message = delivery.enqueue(
@@ -157,7 +157,7 @@ def test_task_for_a_finished_message_does_nothing(live: Engine, stub) -> None:  
 
 def test_commit_nudge_publishes_at_once(live: Engine, stub, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """Right after commit the nudge has claimed the new rows: no wait for the beat tick."""
-    from delivery.pipeline import outbox
+    from delivery.outbox import enqueue as outbox
 
     seen: list[list[int]] = []
     real = outbox._nudge

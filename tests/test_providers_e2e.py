@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 import delivery
 from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
-from delivery.pipeline.models import Attempt, Message
+from delivery.core.models import Attempt, Message
 from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.processes import ServiceProcess, beat, worker
 from tests.conftest import PG_DB, PG_SERVER, RUN_DIR, need, wait_until

@@ -9,8 +9,7 @@ from typing import Any
 
 import pytest
 
-from delivery.errors import ConfigError
-from delivery.pipeline.outcomes import (
+from delivery.core.outcomes import (
     Delivered,
     LookupFailed,
     Outcome,
@@ -18,7 +17,8 @@ from delivery.pipeline.outcomes import (
     Retryable,
     Unknown,
 )
-from delivery.pipeline.policies import UnknownPolicy
+from delivery.core.policies import UnknownPolicy
+from delivery.errors import ConfigError
 from delivery.providers import Envelope
 from tests.conftest import wait_until
 from tests.provider_stubs import (

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from delivery.config.settings import ProviderConfig
+from delivery.core.outcomes import Delivered, LookupFailed, Permanent, Retryable
+from delivery.core.policies import UnknownPolicy
 from delivery.errors import ConfigError
-from delivery.pipeline.outcomes import Delivered, LookupFailed, Permanent, Retryable
-from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers import REGISTRY, Envelope, TwilioProvider, build_provider
 from tests.provider_stubs import Reply, StubServer, settings_with
 

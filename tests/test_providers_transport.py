@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from delivery.config.settings import ProviderConfig, Timeouts
-from delivery.pipeline.outcomes import Delivered, Permanent, Retryable, Unknown
+from delivery.core.outcomes import Delivered, Permanent, Retryable, Unknown
 from delivery.providers.base import Envelope
 from delivery.providers.client import BODY_LIMIT, PooledClient
 from delivery.providers.http import HttpProvider

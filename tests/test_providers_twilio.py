@@ -15,8 +15,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
-from delivery.errors import ConfigError
-from delivery.pipeline.outcomes import (
+from delivery.core.outcomes import (
     Absent,
     Delivered,
     Found,
@@ -26,6 +25,7 @@ from delivery.pipeline.outcomes import (
     Undeliverable,
     Unknown,
 )
+from delivery.errors import ConfigError
 from delivery.providers import Envelope
 from delivery.providers import twilio as twilio_module
 from tests.provider_stubs import Recorded, Reply, TwilioStub, provider_from, twilio_error

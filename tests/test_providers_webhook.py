@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 from standardwebhooks.webhooks import Webhook
 
+from delivery.core.outcomes import Delivered, LookupFailed, Permanent, Retryable, Unknown
 from delivery.errors import ConfigError
-from delivery.pipeline.outcomes import Delivered, LookupFailed, Permanent, Retryable, Unknown
 from delivery.providers import Envelope
 from delivery.providers.webhook import decode_secrets, sign
 from tests.provider_stubs import Reply, WebhookReceiver, provider_from

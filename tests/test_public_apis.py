@@ -92,7 +92,7 @@ def test_the_check_finds_a_private_call(tmp_path: Path) -> None:
     getattr, are found; our own module's private helper is not."""
     probe = tmp_path / "probe.py"
     probe.write_text(
-        "from delivery.pipeline import models\n"
+        "from delivery.core import models\n"
         "def f(conn):\n"
         "    conn._cursor_execute(1)\n"
         "    models._helper()\n"

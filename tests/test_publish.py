@@ -28,8 +28,8 @@ from sqlalchemy import Engine, create_engine, insert, select, text
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.pipeline.models import messages_table
-from delivery.pipeline.relay import Claim, relay_once
+from delivery.core.models import messages_table
+from delivery.relay.claims import Claim, relay_once
 from delivery.runtime.current import get_settings
 from delivery.worker.app import app
 from delivery.worker.publish import publish
@@ -201,7 +201,7 @@ def test_a_publish_to_an_unreachable_broker_fails_within_the_retry_policy(tmp_pa
     a few seconds (the relay then gives the rows back: tests/test_relay.py)."""
     script = textwrap.dedent("""
         import time
-        from delivery.pipeline.relay import Claim
+        from delivery.relay.claims import Claim
         from delivery.worker.publish import publish
         start = time.monotonic()
         try:

@@ -117,7 +117,7 @@ def test_two_workers_together_stay_within_the_rate(rate_limited, stub, monkeypat
     rate_limit (after the one-second burst), and every message is sent once."""
     import os
 
-    from delivery.pipeline import outbox
+    from delivery.outbox import enqueue as outbox
 
     # This outbox has its own broker: the suite's nudge (installed when another module imports
     # tasks) would publish these rows to the suite's broker instead. The beat relay sends them.

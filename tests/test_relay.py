@@ -17,9 +17,9 @@ import pytest
 from sqlalchemy import Engine, insert, select, update
 from sqlalchemy.orm import Session
 
-from delivery.pipeline.models import Message, messages_table, utcnow
-from delivery.pipeline.relay import Claim, relay_once
-from delivery.pipeline.sweeper import sweep
+from delivery.core.models import Message, messages_table, utcnow
+from delivery.relay.claims import Claim, relay_once
+from delivery.relay.sweeper import sweep
 from tests.factories import message_values
 
 pytestmark = pytest.mark.integration
@@ -159,7 +159,7 @@ def test_a_nudged_row_whose_publish_never_happened_is_sent_after_its_lease(
     the sweeper gives the row back when its lease (dispatch_lease, the default) passes and
     the relay publishes it. Sent once, and not before the lease."""
     import delivery
-    from delivery.pipeline import outbox
+    from delivery.outbox import enqueue as outbox
     from tests.conftest import counts, drained, wait_until
 
     handed: list[Claim] = []

@@ -31,9 +31,9 @@ from sqlalchemy import text
 from sqlalchemy.orm import Session
 
 import delivery
-from delivery.pipeline.bounds import MAX_RETRY_AFTER
-from delivery.pipeline.models import utcnow
-from delivery.pipeline.validation import payload_hash
+from delivery.core.bounds import MAX_RETRY_AFTER
+from delivery.core.models import utcnow
+from delivery.outbox.validation import payload_hash
 from delivery.testing.processes import stub_provider
 from delivery.testing.stub_provider import StubClient
 from tests.chaos_cluster import (
@@ -135,7 +135,7 @@ def _enqueue(cluster: Cluster, settings: delivery.Settings, messages: list[dict[
 
 
 def _relay(env: dict[str, str]) -> int:
-    """Run the real relay (``delivery.pipeline.relay``'s function) once, in a process configured
+    """Run the real relay (``delivery.relay.claims``'s function) once, in a process configured
     like beat's worker: it claims the due rows and publishes their tasks to the broker."""
     done = subprocess.run(
         [sys.executable, "-c", RELAY], env=env, cwd=ROOT, capture_output=True, text=True, timeout=60

@@ -46,16 +46,17 @@ from sqlalchemy.orm import Session
 
 import delivery
 from delivery.config.settings import Backoff
+from delivery.core import outcomes
+from delivery.core.models import messages_table
+from delivery.core.status import FINAL, Status
 from delivery.errors import MessageNotFound
 from delivery.ops.repair import cancel, redrive, resolve
-from delivery.pipeline import outbox, outcomes
-from delivery.pipeline.models import messages_table
-from delivery.pipeline.relay import Claim, relay_once
-from delivery.pipeline.sender import deliver
-from delivery.pipeline.status import FINAL, Status
-from delivery.pipeline.sweeper import sweep
-from delivery.pipeline.transitions import IN_PROGRESS
+from delivery.outbox import enqueue as outbox
 from delivery.providers.base import Envelope
+from delivery.relay.claims import Claim, relay_once
+from delivery.relay.sweeper import sweep
+from delivery.sending.sender import deliver
+from delivery.transitions import IN_PROGRESS
 from tests.fence_kit import fence_engine, service_on, wipe
 
 __all__ = ["fence_engine"]  # the fixture, used by name

@@ -1,4 +1,4 @@
-"""One room writes a message's status: ``delivery/pipeline/transitions/``. Every other module
+"""One room writes a message's status: ``delivery/transitions/``. Every other module
 asks it (docs/concepts.md, "How a message travels"). The source of ``delivery/`` is read as
 Python (its AST), and any UPDATE of the status column outside that room fails the test:
 
@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1] / "delivery"
-ROOM = ROOT / "pipeline" / "transitions"
+ROOM = ROOT / "transitions"
 _SQL = re.compile(r"UPDATE\s+delivery_messages\s+SET\b[^;]*\bstatus\s*=", re.I | re.S)
 _TABLES = {"messages_table", "Message"}
 
@@ -106,11 +106,9 @@ def _modules() -> list[Path]:
 
 
 def test_only_the_transitions_room_writes_a_messages_status() -> None:
-    """No module of delivery/ outside ``pipeline/transitions/`` UPDATEs the status column."""
+    """No module of delivery/ outside ``transitions/`` UPDATEs the status column."""
     writes = [w for path in _modules() for w in status_writes(path)]
-    assert writes == [], "status written outside delivery/pipeline/transitions/:\n" + "\n".join(
-        writes
-    )
+    assert writes == [], "status written outside delivery/transitions/:\n" + "\n".join(writes)
 
 
 def test_the_room_is_where_status_is_written() -> None:
@@ -137,7 +135,7 @@ def test_the_room_is_where_status_is_written() -> None:
 )
 def test_a_status_write_elsewhere_is_found(source: str) -> None:
     """Each way of writing the status column, added to a module outside the room, is found."""
-    module = ROOT / "pipeline" / "_probe_status_write.py"
+    module = ROOT / "sending" / "_probe_status_write.py"
     module.write_text(source)
     try:
         assert list(status_writes(module)), source
@@ -148,7 +146,7 @@ def test_a_status_write_elsewhere_is_found(source: str) -> None:
 def test_reads_and_inserts_are_not_writes() -> None:
     """A query on the status, an INSERT with an initial status and a lease-only UPDATE are no
     transitions."""
-    module = ROOT / "pipeline" / "_probe_status_read.py"
+    module = ROOT / "sending" / "_probe_status_read.py"
     module.write_text(
         "def f(conn):\n"
         "    conn.execute(select(m.id).where(m.status == 'pending'))\n"

@@ -12,9 +12,9 @@ from sqlalchemy.orm import Session
 
 import delivery
 from delivery.config.loading import load_settings
+from delivery.core.models import Message, utcnow
 from delivery.errors import ConfigError, InvalidMessage
-from delivery.pipeline.models import Message, utcnow
-from delivery.pipeline.sweeper import sweep
+from delivery.relay.sweeper import sweep
 from delivery.runtime.db import make_engine, upgrade
 from tests.conftest import drained
 

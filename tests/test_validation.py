@@ -1,4 +1,4 @@
-"""``delivery.pipeline.validation``'s shortcuts answer as the rules they stand for (pure, no
+"""``delivery.outbox.validation``'s shortcuts answer as the rules they stand for (pure, no
 services): a plain key accepted by one regular expression, the payload hash from the payload's
 canonical JSON made once."""
 
@@ -14,8 +14,8 @@ import pytest
 
 from delivery import InvalidMessage
 from delivery.config.settings import ChannelConfig, ProviderConfig, Settings, Timeouts
-from delivery.pipeline.routing import route
-from delivery.pipeline.validation import (
+from delivery.outbox.routing import route
+from delivery.outbox.validation import (
     MAX_KEY_LENGTH,
     check_key,
     checked_payload,

@@ -16,9 +16,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 import delivery
+from delivery.core.models import Message
+from delivery.core.outcomes import Delivered, Permanent, Retryable
 from delivery.errors import ConfigError, InvalidMessage
-from delivery.pipeline.models import Message
-from delivery.pipeline.outcomes import Delivered, Permanent, Retryable
 from delivery.providers import Envelope
 from delivery.runtime.db import make_engine, upgrade
 from tests.provider_stubs import WebhookReceiver, provider_from, settings_with

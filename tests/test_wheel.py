@@ -32,15 +32,28 @@ def test_the_demo_runs_from_the_wheel_beside_an_apps_tasks_module(
     python = venv / "bin" / "python"
     site = subprocess.run(
         [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-        check=True, capture_output=True, text=True,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     # This environment's packages after the venv's own (a plain path entry: the editable
     # install's finder in it is not run, so ``delivery`` can only come from the wheel).
     Path(site, "deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
     subprocess.run(
-        [sys.executable, "-m", "pip", "--python", str(python), "install", "--no-deps", "-q",
-         str(built_wheel)],
-        check=True, capture_output=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(python),
+            "install",
+            "--no-deps",
+            "-q",
+            str(built_wheel),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
     )
     app = tmp_path / "app"
     app.mkdir()
@@ -49,12 +62,20 @@ def test_the_demo_runs_from_the_wheel_beside_an_apps_tasks_module(
     env["PATH"] = f"{venv / 'bin'}{os.pathsep}{env.get('PATH', '')}"
     where = subprocess.run(
         [python, "-c", "import delivery; print(delivery.__file__)"],
-        cwd=app, env=env, check=True, capture_output=True, text=True,
+        cwd=app,
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
     ).stdout.strip()
     assert where.startswith(str(venv)), where
     result = subprocess.run(
         [venv / "bin" / "delivery", "demo", "--count", "6", "--json"],
-        cwd=app, env=env, capture_output=True, text=True, timeout=240,
+        cwd=app,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-2000:]
     report = json.loads(result.stdout.strip().splitlines()[-1])

@@ -33,9 +33,9 @@ from sqlalchemy.orm import Session
 
 from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
+from delivery.core.bounds import printable
+from delivery.core.models import utcnow
 from delivery.errors import DeliveryError
-from delivery.pipeline.bounds import printable
-from delivery.pipeline.models import utcnow
 from delivery.runtime.db import database_error, make_engine, make_sessionmaker
 
 F = TypeVar("F", bound=Callable[..., Any])

@@ -21,7 +21,7 @@ from delivery.cli.common import (
     open_session,
     since_option,
 )
-from delivery.pipeline.models import Message
+from delivery.core.models import Message
 
 __all__ = ["DUE", "TRIES", "dead_command", "show", "stats"]
 

@@ -24,9 +24,9 @@ from delivery.cli.common import (
     open_engine,
 )
 from delivery.config.settings import Settings
+from delivery.core.models import utcnow
 from delivery.guards.breaker import Breakers
 from delivery.ops.breakers import state_name
-from delivery.pipeline.models import utcnow
 from delivery.runtime.db import make_sessionmaker
 
 __all__ = ["metrics_command", "watch_command"]

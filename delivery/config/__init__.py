@@ -10,6 +10,6 @@
   ``delivery config example`` prints.
 
 The process's current settings live in ``delivery.runtime.current``. ``settings`` may import
-``delivery.pipeline.policies`` only; the others also ``delivery.errors``, and ``schema`` also
+``delivery.core.policies`` only; the others also ``delivery.errors``, and ``schema`` also
 ``delivery.providers.registry`` (a provider's table is checked against its adapter).
 """

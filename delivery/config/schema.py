@@ -42,8 +42,8 @@ from delivery.config.settings import (
     Settings,
     Timeouts,
 )
+from delivery.core.policies import UnknownPolicy
 from delivery.errors import ConfigError
-from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.registry import REGISTRY, Adapter, adapter_for
 
 __all__ = ["LEASE_PER_RELAY", "ConfigFile", "json_schema", "parse"]

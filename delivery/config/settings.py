@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
-from delivery.pipeline.policies import UnknownPolicy
+from delivery.core.policies import UnknownPolicy
 
 __all__ = [
     "CHANNELS",

@@ -12,13 +12,14 @@ framework. Install with ``pip install 'delivery-outbox[console]'``.
 - ``app``: ``create_app`` (the WSGI app), its per-request session and error pages;
 - ``auth``: operators and viewers from ``DELIVERY_CONSOLE_AUTH`` / ``DELIVERY_CONSOLE_VIEWERS``,
   HTTP Basic; ``csrf``: the token every POST carries;
-- ``charts``: inline SVG line charts drawn on the server;
+- ``charts``: inline SVG line charts drawn on the server; ``context``: what a page reaches
+  during a request (shared state, the request's session, the signed-in operator);
 - ``jobs``: bulk repairs run in a thread, in batches, with progress;
 - ``pages/``: one module per page (overview, messages, bulk, breakers, audit);
 - ``server``: ``serve`` (what ``delivery console`` runs).
 
 May import: ``delivery.ops``, ``delivery.config``, ``delivery.runtime``, ``delivery.guards``,
-``delivery.errors``, ``delivery.pipeline`` (models, status); never the CLI or Celery.
+``delivery.errors``, ``delivery.core`` (models, status); never the CLI or Celery.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from delivery import ops
-from delivery.pipeline.models import Message
+from delivery.core.models import Message
 
 __all__ = ["BATCH", "BulkRequest", "Jobs", "Progress"]
 

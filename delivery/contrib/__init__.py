@@ -5,7 +5,8 @@ environment) with ``delivery.contrib.settings.settings_from_config``, and instal
 post-commit nudge so that a committed message is published at once instead of on the next
 beat tick. Neither is imported by ``delivery`` itself: Flask and Django stay optional.
 
-May import: the public surface of ``delivery`` (``config``, ``runtime``, ``pipeline``, ``ops``,
-``observability.events``), their own framework, and ``delivery.worker`` by name only when the
-nudge is installed (``nudge.install_nudge``); nothing in ``delivery`` imports them.
+May import: the public surface of ``delivery`` (``config``, ``runtime``, ``core``, ``outbox``,
+``relay``, ``ops``, ``observability.events``), their own framework, and ``delivery.worker`` by
+name only when the nudge is installed (``nudge.install_nudge``); nothing in ``delivery``
+imports them.
 """

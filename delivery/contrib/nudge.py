@@ -1,7 +1,7 @@
 """The post-commit nudge, as seen from the framework integrations.
 
 The Celery app ``delivery.worker`` installs the nudge when it is imported
-(``delivery.pipeline.outbox.set_nudge``, with its publisher): a due message enqueued while it
+(``delivery.outbox.enqueue.set_nudge``, with its publisher): a due message enqueued while it
 is installed is written already claimed, and after the caller's commit its task is published
 at once, so a message does not wait for the next beat tick (the beat relay remains the safety
 net). The integrations import ``delivery.worker`` only when asked to (``DELIVERY_NUDGE``, true
@@ -22,8 +22,8 @@ from collections.abc import Sequence
 
 from sqlalchemy import Engine
 
-from delivery.pipeline import outbox
-from delivery.pipeline.relay import Claim, relay_once
+from delivery.outbox import enqueue as outbox
+from delivery.relay.claims import Claim, relay_once
 from delivery.runtime.current import get_settings
 from delivery.runtime.db import make_engine
 

@@ -1,4 +1,5 @@
-"""A circuit breaker per provider, shared by every worker process through Redis (DESIGN 6).
+"""A circuit breaker per provider, shared by every worker process through Redis
+(docs/concepts.md, "Circuit breaker").
 
 ::
 
@@ -53,7 +54,7 @@ Probe calls are judged by the closing rule, not counted in the window. ``record`
 whether the call was a failed probe and, when the breaker is open after it, its next probe
 time (``Recorded``): the sender gives a failed probe's attempt back, since a probe tests the
 provider for every message, and retries no failed call before that time
-(``delivery.pipeline.settle``).
+(``delivery.sending.settle``).
 
 **Round trips.** The state is one Redis hash (``delivery:breaker:{NAME}``, the window's
 buckets included), changed only by one Lua script on Redis's own clock: one EVALSHA before a

@@ -6,7 +6,7 @@ from __future__ import annotations
 from alembic import context
 from sqlalchemy import create_engine
 
-from delivery.pipeline.models import Base
+from delivery.core.models import Base
 
 config = context.config
 connection = config.attributes.get("connection")

@@ -6,5 +6,5 @@
   fed by the hooks in each worker (``delivery.worker.metrics``).
 
 ``events`` imports nothing of ``delivery``, so every room may emit. ``metrics`` may import
-``delivery.ops``, ``delivery.guards.breaker`` and ``delivery.pipeline`` (models, status).
+``delivery.ops``, ``delivery.guards.breaker`` and ``delivery.core`` (models, status).
 """

@@ -36,10 +36,10 @@ from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from delivery import ops
+from delivery.core.models import utcnow
+from delivery.core.status import Status
 from delivery.guards.breaker import Breakers, BreakerTransition
 from delivery.observability.events import Transition
-from delivery.pipeline.models import utcnow
-from delivery.pipeline.status import Status
 
 __all__ = [
     "BREAKER_STATES",

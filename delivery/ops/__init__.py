@@ -17,8 +17,9 @@ below are the ops API (``delivery.ops.redrive``, ``delivery.ops.stats``, ...).
 
 - ``breakers``: each provider's breaker as a row, and an audited reset.
 
-May import: ``delivery.errors``, ``delivery.pipeline`` (models, status, validation),
-``delivery.guards.breaker`` and ``delivery.observability.events``; never the CLI, Celery or a
+May import: ``delivery.errors``, ``delivery.core`` (models, status), ``delivery.outbox``
+(validation), ``delivery.transitions`` (every repair's status write), ``delivery.config``,
+``delivery.guards.breaker`` and ``delivery.observability``; never the CLI, Celery or a
 provider.
 """
 

@@ -21,8 +21,8 @@ from typing import Any, cast
 from sqlalchemy import CursorResult, delete, select
 from sqlalchemy.orm import Session
 
+from delivery.core.models import AuditEntry, Message, utcnow
 from delivery.ops.inspect import find, message_dict
-from delivery.pipeline.models import AuditEntry, Message, utcnow
 
 __all__ = [
     "DEFAULT_ACTOR",

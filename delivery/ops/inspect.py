@@ -19,12 +19,12 @@ from typing import Any
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session
 
+from delivery.core import bounds
+from delivery.core.models import Attempt, Message, utcnow
+from delivery.core.status import Status
 from delivery.errors import MessageNotFound
 from delivery.observability.events import mask
-from delivery.pipeline import bounds
-from delivery.pipeline.models import Attempt, Message, utcnow
-from delivery.pipeline.status import Status
-from delivery.pipeline.validation import canonical_json
+from delivery.outbox.validation import canonical_json
 
 __all__ = [
     "attempt_dict",

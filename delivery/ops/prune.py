@@ -13,8 +13,8 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, CursorResult, and_, delete, func, select
 from sqlalchemy.orm import Session
 
-from delivery.pipeline.models import Attempt, Message
-from delivery.pipeline.status import FINAL
+from delivery.core.models import Attempt, Message
+from delivery.core.status import FINAL
 
 __all__ = ["PruneBatch", "prunable", "prune_batch"]
 

@@ -2,7 +2,7 @@
 
 Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides (the
 ``delivery`` CLI commits after a successful ``redrive``). Each repair is one conditional
-UPDATE on the expected status (``delivery.pipeline.transitions.repair``, which emits its
+UPDATE on the expected status (``delivery.transitions.repair``, which emits its
 ``Transition``): a concurrent change is reported, never overwritten, and every change writes an
 audit row (``actor``: who
 asked; see ``delivery.ops.audit``) in the same transaction.
@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from delivery.core.models import Message
+from delivery.core.status import Status
 from delivery.ops.audit import DEFAULT_ACTOR, record
 from delivery.ops.inspect import find
-from delivery.pipeline.models import Message
-from delivery.pipeline.status import Status
-from delivery.pipeline.transitions import repair as transitions
-from delivery.pipeline.transitions.repair import REDRIVABLE, RESOLVABLE
+from delivery.transitions import repair as transitions
+from delivery.transitions.repair import REDRIVABLE, RESOLVABLE
 
 __all__ = [
     "REDRIVABLE",

@@ -23,9 +23,9 @@ from dataclasses import dataclass, fields
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
+from delivery.core.models import Message
+from delivery.core.status import Status
 from delivery.errors import InvalidFilter
-from delivery.pipeline.models import Message
-from delivery.pipeline.status import Status
 
 __all__ = ["FILTER_FIELDS", "MessageFilter", "Page", "matching_ids", "parse_filter", "search"]
 

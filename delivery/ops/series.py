@@ -24,8 +24,8 @@ from typing import Any
 from sqlalchemy import ColumnElement, Integer, cast, func, select
 from sqlalchemy.orm import Session
 
-from delivery.pipeline.models import Attempt, Message, utcnow
-from delivery.pipeline.status import Status
+from delivery.core.models import Attempt, Message, utcnow
+from delivery.core.status import Status
 
 __all__ = ["ERROR_OUTCOMES", "Series", "percentile", "series"]
 

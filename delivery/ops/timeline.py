@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from sqlalchemy.orm import Session
 
+from delivery.core.models import Attempt, Message
 from delivery.ops.audit import AuditRow, entries
-from delivery.pipeline.models import Attempt, Message
 
 __all__ = ["Event", "timeline"]
 

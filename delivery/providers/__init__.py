@@ -7,22 +7,24 @@
 - ``registry``: a provider's ``kind`` resolved to its adapter (built in, an entry point in the
   group ``delivery.providers``, or a dotted path) and the adapter's declared settings.
 - ``http`` (the reference protocol, spoken by the stub), ``twilio``, ``pigeon``, ``webhook``:
-  one module per wire protocol, each with its outcome table in its docstring; ``egress``: where
+  one module per wire protocol, each with its outcome table in its docstring (Twilio's codes
+  and statuses in ``twilio_contract``); ``secrets``: the worker's start-up check that every
+  provider's secrets are set; ``egress``: where
   a webhook may connect (the SSRF guard: no internal address unless allowlisted).
 
 An adapter maps every answer and transport error onto the outcomes of
-``delivery.pipeline.outcomes`` in one place and never raises for them. What an adapter author
+``delivery.core.outcomes`` in one place and never raises for them. What an adapter author
 needs is re-exported here: ``Envelope``, ``Provider``, ``ProviderConfig``, the outcome classes,
 ``classify_exception``, ``classify_response`` and ``parse_retry_after``.
 
-May import: ``delivery.errors``, ``delivery.config.settings``, ``delivery.pipeline.outcomes``
-and ``delivery.pipeline.policies``; nothing that sends, stores or schedules.
+May import: ``delivery.errors``, ``delivery.config.settings``, ``delivery.core.outcomes``
+and ``delivery.core.policies``; nothing that sends, stores or schedules.
 """
 
 from __future__ import annotations
 
 from delivery.config.settings import ProviderConfig, Timeouts
-from delivery.pipeline.outcomes import (
+from delivery.core.outcomes import (
     Absent,
     Delivered,
     Found,

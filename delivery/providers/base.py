@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from delivery.pipeline.outcomes import LookupOutcome, Outcome
+from delivery.core.outcomes import LookupOutcome, Outcome
 
 __all__ = ["Envelope", "Provider"]
 

@@ -24,7 +24,7 @@ import traceback
 
 import httpx
 
-from delivery.pipeline import outcomes
+from delivery.core import outcomes
 from delivery.providers.base import Envelope, Provider
 
 __all__ = ["ADAPTER_BAD_OUTCOME", "ADAPTER_ERROR", "from_exception", "lookup", "send"]

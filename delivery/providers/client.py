@@ -35,7 +35,7 @@ from typing import Any
 import httpx
 
 from delivery.config.settings import ProviderConfig, Timeouts
-from delivery.pipeline.outcomes import Outcome, classify_exception
+from delivery.core.outcomes import Outcome, classify_exception
 
 __all__ = ["BODY_LIMIT", "USER_AGENT", "PooledClient", "timeout"]
 

@@ -38,8 +38,8 @@ import httpx
 from ssrfguard import DEFAULT_DENIED, BlockedAddressError, BlockedURLError, Policy, SSRFGuardError
 from ssrfguard.httpx import SafeTransport
 
+from delivery.core.outcomes import Permanent
 from delivery.errors import ConfigError
-from delivery.pipeline.outcomes import Permanent
 
 __all__ = ["BLOCKED", "REFUSED", "Egress", "GuardError", "blocked", "scrub"]
 

@@ -1,4 +1,5 @@
-"""The reference HTTP provider (kind ``http``; DESIGN section 7; the stub speaks it).
+"""The reference HTTP provider (kind ``http``; docs/providers.md, "The reference
+protocol and the stub provider"; the stub speaks it).
 
 - ``POST {base}/v1/messages`` with JSON ``{"to": ..., **payload}`` and ``Idempotency-Key``.
 - ``GET {base}/v1/messages?idempotency_key=K``: 200 with the message, or 404.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import httpx
 
 from delivery.config.settings import ProviderConfig
-from delivery.pipeline import outcomes
+from delivery.core import outcomes
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
 

@@ -44,9 +44,9 @@ from typing import Any
 import httpx
 
 from delivery.config.settings import ProviderConfig
+from delivery.core import outcomes
+from delivery.core.policies import UnknownPolicy
 from delivery.errors import ConfigError
-from delivery.pipeline import outcomes
-from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
 

@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from delivery.config.settings import ProviderConfig, Timeouts
+from delivery.core.policies import UnknownPolicy
 from delivery.errors import ConfigError
-from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Provider
 from delivery.providers.http import HttpProvider
 from delivery.providers.pigeon import PigeonProvider

@@ -108,8 +108,7 @@ from urllib.parse import quote
 import httpx
 
 from delivery.config.settings import ProviderConfig
-from delivery.errors import ConfigError
-from delivery.pipeline.outcomes import (
+from delivery.core.outcomes import (
     Found,
     LookupFailed,
     LookupOutcome,
@@ -117,7 +116,8 @@ from delivery.pipeline.outcomes import (
     Permanent,
     classify_exception,
 )
-from delivery.pipeline.policies import UnknownPolicy
+from delivery.core.policies import UnknownPolicy
+from delivery.errors import ConfigError
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
 from delivery.providers.twilio_contract import (

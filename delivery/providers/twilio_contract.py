@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 
-from delivery.pipeline import outcomes
+from delivery.core import outcomes
 
 __all__ = [
     "CANCELED",

@@ -63,9 +63,9 @@ from urllib.parse import urlsplit
 import httpx
 
 from delivery.config.settings import ProviderConfig
+from delivery.core import outcomes
+from delivery.core.policies import UnknownPolicy
 from delivery.errors import ConfigError, InvalidMessage
-from delivery.pipeline import outcomes
-from delivery.pipeline.policies import UnknownPolicy
 from delivery.providers.base import Envelope
 from delivery.providers.client import PooledClient
 from delivery.providers.egress import Egress, GuardError, blocked, scrub

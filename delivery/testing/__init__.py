@@ -5,6 +5,7 @@
   for one running elsewhere).
 - ``demo``: ``delivery demo``, the whole pipeline on the embedded default with faults on.
 - ``processes``: Celery worker, beat and the stub as real subprocesses.
+- ``fill``: a large outbox, bulk-loaded, for plan tests and benchmarks.
 
 Nothing in the pipeline imports this room. May import anything of ``delivery`` except the CLI;
 ``stub_provider`` imports nothing of ``delivery`` (it stands for somebody else's service).

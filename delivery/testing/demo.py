@@ -19,9 +19,9 @@ from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from delivery.config.loading import load_settings
-from delivery.pipeline.models import Message
-from delivery.pipeline.outbox import enqueue
-from delivery.pipeline.status import FINAL, Status
+from delivery.core.models import Message
+from delivery.core.status import FINAL, Status
+from delivery.outbox.enqueue import enqueue
 from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.processes import beat, start_all, stop_all, worker
 from delivery.testing.stub_provider import StubServer

@@ -1,4 +1,4 @@
-"""``delivery.deliver_batch``: many messages in one task (``delivery.pipeline.sender``).
+"""``delivery.deliver_batch``: many messages in one task (``delivery.sending.sender``).
 
 The relay publishes a backlog in tasks of up to ``batch_size`` ``[id, key]`` pairs (never a
 recipient or a body: G6); a message alone still goes as ``delivery.deliver``.
@@ -30,8 +30,8 @@ from celery import Celery, Task
 from celery.events.dispatcher import EventDispatcher
 from celery.utils.time import utcoffset
 
-from delivery.pipeline.sender import deliver_many
-from delivery.pipeline.transitions import Action, Result
+from delivery.sending.sender import deliver_many
+from delivery.transitions import Action, Result
 from delivery.worker.app import app, service
 from delivery.worker.deliver import _NOT_DELIVERED, BATCH, DeadLettered, deliver
 

@@ -27,9 +27,9 @@ from celery import Task
 from celery.exceptions import Ignore
 
 from delivery.errors import ConfigError
-from delivery.pipeline.sender import Action
-from delivery.pipeline.sender import deliver as deliver_once
 from delivery.runtime.current import get_settings
+from delivery.sending.sender import Action
+from delivery.sending.sender import deliver as deliver_once
 from delivery.worker.app import app, service
 
 __all__ = ["BATCH", "DeadLettered", "announce", "deliver"]

@@ -12,11 +12,11 @@ broker, for every pool), stopped on ``worker_shutdown``. Two things wake it:
   ``delivery.deliver_batch`` requests the worker has reserved, is running or holds for a
   countdown (``celery.worker.state``) and renews them all.
 
-Renewals are one round trip (``delivery.pipeline.leases.renew_held``) on an engine of its own
+Renewals are one round trip (``delivery.sending.leases.renew_held``) on an engine of its own
 created after the pool forked. A killed worker stops renewing, and beat's sweeper returns its
 messages ``hold_lease`` s later (10 s by default). A task received in the last instant before
 the kill (before its first renewal) keeps the relay's ``dispatch_lease``, which is short (the
-relay renews queued tasks instead: ``delivery.pipeline.leases.renew_queued``). A failing
+relay renews queued tasks instead: ``delivery.sending.leases.renew_queued``). A failing
 renewal is logged (once a minute at most) by the loop and tried again.
 """
 
@@ -32,9 +32,9 @@ from celery.signals import task_received, worker_ready, worker_shutdown
 from celery.worker import state
 from sqlalchemy import Engine
 
-from delivery.pipeline.leases import Renewed, renew_held
 from delivery.runtime.current import get_settings
 from delivery.runtime.db import make_engine
+from delivery.sending.leases import Renewed, renew_held
 from delivery.worker.schedule import Loop
 
 __all__ = ["Keeper", "held_ids", "renew_once", "start_keeper", "stop_keeper"]

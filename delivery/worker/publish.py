@@ -26,7 +26,7 @@ carries message ids and keys only, never a recipient or a payload: its args, its
 
 Returns the tasks published per priority: the relay's back-pressure counts tasks.
 
-``publish`` is also the post-commit nudge, installed into ``delivery.pipeline.outbox`` when this
+``publish`` is also the post-commit nudge, installed into ``delivery.outbox.enqueue`` when this
 module is imported: a due row enqueued while it is installed is written claimed, and its task is
 published here right after the caller's commit.
 """
@@ -40,8 +40,8 @@ from typing import Any, NamedTuple
 
 from celery import Task
 
-from delivery.pipeline import outbox
-from delivery.pipeline.relay import Claim
+from delivery.outbox import enqueue as outbox
+from delivery.relay.claims import Claim
 from delivery.runtime.current import get_settings
 from delivery.worker.app import QUEUE, QUEUES, app
 from delivery.worker.batch import deliver_batch

@@ -2,8 +2,8 @@
 
 ``celery -A delivery.worker beat`` starts two threads in the beat process (``beat_init``): the relay
 (publish due rows, every ``relay_interval`` s, as many as each broker queue has room for:
-``delivery.pipeline.backpressure``; and renew the leases of the rows whose tasks still wait in
-a queue: ``delivery.pipeline.leases.renew_queued``) and the sweeper (expired leases and
+``delivery.relay.backpressure``; and renew the leases of the rows whose tasks still wait in
+a queue: ``delivery.sending.leases.renew_queued``) and the sweeper (expired leases and
 time-to-live, every ``sweep_interval`` s). They talk to the database and publish to the
 broker directly, so they never wait for a free slot in a worker, never sit in a queue behind
 sends, never show in Flower, and never depend on a relay *task* reaching a worker: after the
@@ -27,10 +27,10 @@ from typing import Any
 
 from celery.signals import beat_init
 
-from delivery.pipeline.backpressure import Backpressure
-from delivery.pipeline.leases import renew_queued
-from delivery.pipeline.relay import Claim, relay_once
-from delivery.pipeline.sweeper import sweep as sweep_once
+from delivery.relay.backpressure import Backpressure
+from delivery.relay.claims import Claim, relay_once
+from delivery.relay.sweeper import sweep as sweep_once
+from delivery.sending.leases import renew_queued
 from delivery.worker.app import QUEUES, app, service
 from delivery.worker.metrics import metrics
 from delivery.worker.publish import publish
@@ -78,8 +78,8 @@ _pressure: Backpressure | None = None
 
 def relay_pass() -> int:
     """One relay pass: renew the leases of the rows whose tasks still wait in a queue
-    (``delivery.pipeline.leases.renew_queued``), then claim and publish the due rows each
-    queue has room for (back-pressure, ``delivery.pipeline.backpressure``); return how
+    (``delivery.sending.leases.renew_queued``), then claim and publish the due rows each
+    queue has room for (back-pressure, ``delivery.relay.backpressure``); return how
     many."""
     global _pressure
     svc = service()

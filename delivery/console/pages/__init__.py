@@ -1,7 +1,10 @@
-"""The console's pages, one module each, registered on the app by ``register``.
+"""The console's pages, one module each, registered on the app by ``register``: ``overview``
+(counts, charts), ``messages`` (search, a message's timeline and its repairs), ``bulk`` (bulk
+repairs with a dry-run count), ``breakers`` (each provider's breaker, an audited reset) and
+``audit`` (every operator action).
 
 May import: ``delivery.console`` (app, charts, jobs), ``delivery.ops``, ``delivery.guards``,
-``delivery.providers.registry`` and ``delivery.pipeline`` (models, status).
+``delivery.providers.registry`` and ``delivery.core`` (models, status).
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ from werkzeug.wrappers import Response
 from delivery import ops
 from delivery.console.context import actor, db, state
 from delivery.console.jobs import BulkRequest
-from delivery.pipeline.status import Status
+from delivery.core.status import Status
 
 __all__ = ["blueprint"]
 

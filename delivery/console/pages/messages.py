@@ -8,9 +8,9 @@ from werkzeug.wrappers import Response
 
 from delivery import ops
 from delivery.console.context import actor, db, state
+from delivery.core.models import Message
+from delivery.core.status import Status
 from delivery.errors import ConfigError, InvalidFilter
-from delivery.pipeline.models import Message
-from delivery.pipeline.status import Status
 from delivery.providers.registry import adapter_for
 
 __all__ = ["ACTIONS", "blueprint", "describe"]

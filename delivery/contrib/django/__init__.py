@@ -20,6 +20,10 @@
   log, read-only (no Save); the only writes are the actions, the CLI's conditional
   transitions: *redrive*, *cancel* and *resolve as sent/dead* (``delivery.contrib.django.admin``).
 
+- ``apps``: the app's config; ``models``, ``admin``, ``outbox`` (the ``enqueue`` above),
+  ``connection`` (the outbox engine on Django's own database); ``migrations``: Django's record
+  of the unmanaged models.
+
 Only ``enqueue`` is imported here; the models load when Django loads the app. May import:
 Django, ``delivery.contrib`` and the public surface of ``delivery`` (see ``delivery.contrib``).
 """

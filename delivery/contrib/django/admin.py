@@ -34,9 +34,9 @@ from delivery import ops
 from delivery.contrib.django.connection import borrowed_session
 from delivery.contrib.django.models import Attempt, Message
 from delivery.contrib.nudge import nudge_after_commit
+from delivery.core.status import Status
 from delivery.observability.events import mask
-from delivery.pipeline.status import Status
-from delivery.pipeline.validation import canonical_json
+from delivery.outbox.validation import canonical_json
 
 __all__ = ["AttemptInline", "MessageAdmin", "cancel", "redrive", "resolve_dead", "resolve_sent"]
 

@@ -6,7 +6,7 @@ and ``manage.py migrate`` has no migration for this app. ``tests/test_django.py`
 every field matches its SQLAlchemy column (name, type, length, nullability).
 
 Write through ``delivery.contrib.django.enqueue`` and the admin actions, which keep to the
-state machine (``delivery.pipeline.status``); the models are for reading, filtering and reporting.
+state machine (``delivery.core.status``); the models are for reading, filtering and reporting.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 
 from django.db import models
 
-from delivery.pipeline.status import Status
+from delivery.core.status import Status
 
 __all__ = ["Attempt", "Message", "PayloadField"]
 
@@ -31,7 +31,7 @@ class PayloadField(models.JSONField):  # type: ignore[type-arg]
 
 
 class Message(models.Model):
-    """One logical message (``delivery.pipeline.models.Message``); ``key`` is its idempotency
+    """One logical message (``delivery.core.models.Message``); ``key`` is its idempotency
     key."""
 
     id: models.BigAutoField[int, int] = models.BigAutoField(primary_key=True)
@@ -84,7 +84,7 @@ class Message(models.Model):
 
 
 class Attempt(models.Model):
-    """One call to the provider and how it ended (``delivery.pipeline.models.Attempt``)."""
+    """One call to the provider and how it ended (``delivery.core.models.Attempt``)."""
 
     id: models.BigAutoField[int, int] = models.BigAutoField(primary_key=True)
     message: models.ForeignKey[Message, Message] = models.ForeignKey(
@@ -116,7 +116,7 @@ class Attempt(models.Model):
 
 
 class AuditEntry(models.Model):
-    """One operator action (``delivery.pipeline.models.AuditEntry``): who, when, what, on which
+    """One operator action (``delivery.core.models.AuditEntry``): who, when, what, on which
     message, from which status to which. Written by ``delivery.ops``; read-only here."""
 
     id: models.BigAutoField[int, int] = models.BigAutoField(primary_key=True)

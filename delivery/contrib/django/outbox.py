@@ -3,7 +3,7 @@
 It runs inside ``transaction.atomic(using=...)``: within the caller's ``atomic`` block it is
 a savepoint of the caller's transaction (rollback: no row, no send); outside one, its own
 transaction. A due message is written claimed when the nudge is installed
-(``delivery.pipeline.outbox``), and its publish is registered with ``transaction.on_commit``,
+(``delivery.outbox.enqueue``), and its publish is registered with ``transaction.on_commit``,
 so it runs only once the outermost transaction has committed, and never after a rollback
 (of that transaction or of the savepoint that wrote the row).
 """
@@ -18,9 +18,9 @@ from django.db import DEFAULT_DB_ALIAS, transaction
 from delivery.config.settings import Settings
 from delivery.contrib.django.connection import borrowed_session
 from delivery.contrib.nudge import publish_after_commit
-from delivery.pipeline import outbox
-from delivery.pipeline.models import Message
-from delivery.pipeline.outbox import EnqueueArgs
+from delivery.core.models import Message
+from delivery.outbox import enqueue as outbox
+from delivery.outbox.enqueue import EnqueueArgs
 
 __all__ = ["enqueue"]
 

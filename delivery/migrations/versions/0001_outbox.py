@@ -7,7 +7,7 @@ Revises:
 import sqlalchemy as sa
 from alembic import op
 
-from delivery.pipeline.models import UTCDateTime
+from delivery.core.models import UTCDateTime
 
 revision = "0001"
 down_revision = None

@@ -7,7 +7,7 @@ Revises: 0001
 import sqlalchemy as sa
 from alembic import op
 
-from delivery.pipeline.models import UTCDateTime
+from delivery.core.models import UTCDateTime
 
 revision = "0002"
 down_revision = "0001"

@@ -7,7 +7,7 @@ Revises: 0003_fence
 import sqlalchemy as sa
 from alembic import op
 
-from delivery.pipeline.models import UTCDateTime
+from delivery.core.models import UTCDateTime
 
 revision = "0004_audit"
 down_revision = "0003_fence"

@@ -1,0 +1,257 @@
+"""One attempt at one message, from the row its task read: ``check``, ``admit`` (the breaker
+and the take) and ``call``. ``delivery.sending.sender`` runs them for every message of a
+task (a message alone is a task of one) and settles what ``call`` returns.
+
+In order, each step only once the previous one let the message through:
+
+1. ``check``: its provider must still be configured (else ``dead``,
+   ``PROVIDER_NOT_CONFIGURED``, without a call); it must be due (a task that fired early
+   waits or does nothing) and within its time-to-live (else ``expired``, never sent late).
+2. ``check``: the provider's rate limit (``delivery.guards.ratelimit``): over it, the row
+   stays ``dispatched`` and the task comes back when a token is there.
+3. ``admit``: the provider's circuit breaker (``delivery.guards.breaker``), asked only when
+   the send can start at once (a free send slot waits for it), once per provider for the
+   sends that start together: while it is open (or half-open with its probe taken) the row
+   goes back to ``pending`` until the next probe time plus up to ``CIRCUIT_JITTER`` s,
+   ``CIRCUIT_OPEN``, no attempt spent. So however many messages a task carries, a send that
+   has not left when the breaker opens is parked, not sent: an outage costs the run that
+   trips it, one send per slot already under way and the probes (docs/concepts.md,
+   "Circuit breaker").
+4. ``admit``: the take: ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit for
+   the sends that start together, durable *before* a request leaves (G2), with a lease of
+   ``hold_lease`` s that the worker's lease keeper renews while the call runs, up to
+   ``send_lease`` (``delivery.sending.leases``). A row someone else moved is not sent.
+5. ``call``: a row flagged ``needs_lookup`` is looked up first if its provider can be asked
+   (``supports_lookup``); otherwise it is sent again with the same key. The call goes through
+   ``delivery.providers.calls`` (any exception or stray value becomes an outcome, bounded and
+   with the recipient masked) and is recorded in the breaker.
+
+Due times and leases are compared and written on the database's clock, read with the rows
+(``delivery.core.clock``) and carried forward by this host's monotonic clock.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row
+
+from delivery.core.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
+from delivery.core.policies import UnknownPolicy
+from delivery.core.status import Status
+from delivery.guards.breaker import Permit, Verdict
+from delivery.providers import calls
+from delivery.providers.base import Envelope
+from delivery.runtime.service import Service
+from delivery.sending.settle import Sent, after_lookup, probe_wait
+from delivery.transitions import Action, Result, Sending
+from delivery.transitions.recovery import EXPIRED
+from delivery.transitions.worker import Leave, extend_lease, leave, take
+
+__all__ = [
+    "CIRCUIT_OPEN",
+    "EXPIRED",
+    "PROVIDER_NOT_CONFIGURED",
+    "RATE_LIMITED",
+    "Clock",
+    "Taken",
+    "admit",
+    "breaker_verdict",
+    "call",
+    "check",
+]
+
+CIRCUIT_OPEN = "CIRCUIT_OPEN"
+PROVIDER_NOT_CONFIGURED = "PROVIDER_NOT_CONFIGURED"
+RATE_LIMITED = "RATE_LIMITED"
+
+_TAKEN = Result(Action.SKIP, reason="taken by another worker")
+
+
+@dataclass(frozen=True, slots=True)
+class Clock:
+    """The database's time as read with the rows (``at``), carried forward on this host's
+    monotonic clock from the moment it was read (``read``)."""
+
+    at: dt.datetime
+    read: float
+
+    def now(self) -> dt.datetime:
+        return self.at + dt.timedelta(seconds=time.monotonic() - self.read)
+
+
+@dataclass(frozen=True, slots=True)
+class Taken:
+    """A row taken for its attempt, with its breaker permit: what ``call`` sends."""
+
+    row: Row[Any]
+    msg: Sending
+    permit: Permit
+
+
+def check(service: Service, row: Row[Any], clock: Clock) -> Result | None:
+    """Steps 1 and 2 for the ``dispatched`` ``row``: ``None`` when it may go on to its
+    breaker, else the ``Result`` of a message that is not sent now."""
+    now = clock.now()
+    if row.provider not in service.settings.providers:
+        return _not_configured(service, row)
+    early = (row.next_attempt_at - now).total_seconds()
+    if early > 0:
+        # A duplicate task, or a countdown that fired early: never send before the due time.
+        if early < 1.0:
+            return Result(Action.RETRY, status=row.status, delay=early, reason="not due yet")
+        return Result(Action.SKIP, status=row.status, reason="not due yet")
+    if row.expires_at is not None and now >= row.expires_at:
+        return _expire(service, row)
+    limiter = service.limiter(row.provider)
+    wait = limiter.acquire() if limiter is not None else 0.0
+    if wait > 0:
+        return _rate_limited(service, row, wait, now)
+    return None
+
+
+def admit(
+    service: Service, rows: Sequence[Row[Any]], clock: Clock
+) -> tuple[dict[int, Result], list[Taken]]:
+    """Steps 3 and 4 for ``rows``, sends that start now (one per free send slot, so that a
+    permit is never held by a send that waits): the breaker asked once per provider for its
+    rows (in half-open, the first is the probe), the refused ones parked, the others taken in
+    one committed UPDATE. The ``Result`` of each row not taken, and the rows taken."""
+    results: dict[int, Result] = {}
+    allowed: list[tuple[Row[Any], Permit]] = []
+    by_provider: dict[str, list[Row[Any]]] = {}
+    for row in rows:
+        by_provider.setdefault(row.provider, []).append(row)
+    now = clock.now()
+    for provider, mine in by_provider.items():
+        for row, permit in zip(mine, service.breaker(provider).allow_many(len(mine)), strict=True):
+            if permit.allowed:
+                allowed.append((row, permit))
+            else:
+                results[row.id] = _circuit_open(service, row, permit, now)
+    if not allowed:
+        return results, []
+    # Short: the worker renews it while the call runs, up to send_lease after this take
+    # (delivery.sending.leases); a killed worker's send comes back in seconds.
+    lease = clock.now() + dt.timedelta(seconds=service.settings.hold_lease)
+    with service.autocommit.connect() as conn:  # one UPDATE, committed when it returns (G2)
+        taken = take(conn, [row for row, _ in allowed], lease)
+    sends: list[Taken] = []
+    for row, permit in allowed:
+        if row.id in taken:
+            sends.append(Taken(row, _in_flight(service, row, row.attempts + 1), permit))
+        else:
+            service.breaker(row.provider).release(permit)
+            results[row.id] = _TAKEN
+    return results, sends
+
+
+def call(service: Service, taken: Taken) -> Result | Sent:
+    """Step 5: the lookup if the row needs one, then the send, recorded in the breaker: the
+    call made (``Sent``, to settle), or the ``Result`` its lookup settled."""
+    row, msg, permit = taken.row, taken.msg, taken.permit
+    breaker = service.breaker(row.provider)
+    provider = service.provider(row.provider)
+    envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
+    # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
+    if row.needs_lookup and getattr(provider, "supports_lookup", True):
+        started = time.perf_counter()
+        found = calls.lookup(provider, envelope)
+        if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
+            breaker.record(permit, breaker_verdict(found))
+        settled = after_lookup(service, msg, found, started)
+        if settled is not None:
+            return settled
+    started = time.perf_counter()
+    outcome = calls.send(provider, envelope)
+    return Sent(msg, outcome, started, breaker.record(permit, breaker_verdict(outcome)))
+
+
+def _in_flight(service: Service, row: Row[Any], number: int) -> Sending:
+    """The frozen description of ``row`` taken for attempt number ``number``."""
+    kind = service.settings.types.get(row.message_type or "")
+    return Sending(
+        row.id,
+        row.key,
+        row.provider,
+        number,
+        row.max_attempts,
+        UnknownPolicy(row.on_unknown),
+        kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
+        row.created_at,
+        getattr(service.provider(row.provider), "in_progress_wait", None),
+    )
+
+
+def breaker_verdict(outcome: Outcome | LookupOutcome) -> Verdict:
+    """What one outcome says about the provider's health (``delivery.guards.breaker``):
+    unknown (no answer after the request was written) and retryable answers are failures,
+    except a 409 ``IDEMPOTENCY_IN_PROGRESS`` (the provider is up, busy with our earlier
+    attempt); a delivery or a lookup that answered (found, absent, or found undeliverable)
+    is a success; a permanent answer (4xx) and a failed lookup are neutral."""
+    if isinstance(outcome, Unknown):
+        return Verdict.FAILURE
+    if isinstance(outcome, Retryable):
+        in_progress = outcome.code == "IDEMPOTENCY_IN_PROGRESS"
+        return Verdict.NEUTRAL if in_progress else Verdict.FAILURE
+    if outcome.kind in ("delivered", "found", "absent", "undeliverable"):
+        return Verdict.SUCCESS
+    return Verdict.NEUTRAL
+
+
+def _leave_dispatched(service: Service, row: Row[Any], why: Leave, **values: object) -> bool:
+    with service.autocommit.connect() as conn:
+        return leave(conn, row, why, **values)
+
+
+def _expire(service: Service, row: Row[Any]) -> Result:
+    """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
+    reason = "time-to-live passed before it could be sent"
+    if not _leave_dispatched(service, row, Leave(Status.EXPIRED, "expired", EXPIRED, reason)):
+        return _TAKEN
+    return Result(Action.DONE, Status.EXPIRED, code=EXPIRED)
+
+
+def _not_configured(service: Service, row: Row[Any]) -> Result:
+    """A message whose provider is no longer configured can never be sent: it ends ``dead``
+    with ``PROVIDER_NOT_CONFIGURED`` (redrive it once the provider is back) instead of
+    cycling between ``dispatched`` and ``pending``."""
+    reason = f"provider {row.provider!r} is not configured (DELIVERY_CONFIG [providers])"
+    leave = Leave(Status.DEAD, "permanent", PROVIDER_NOT_CONFIGURED, reason)
+    if not _leave_dispatched(service, row, leave):
+        return _TAKEN
+    return Result(Action.DONE, Status.DEAD, code=PROVIDER_NOT_CONFIGURED, reason=reason)
+
+
+def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime) -> Result:
+    """Over the provider's rate: come back when a token is there (plus a little jitter so
+    that waiting workers do not all return at once). The row stays ``dispatched``; only its
+    lease is extended when the wait would outlast it."""
+    provider, lease = row.provider, row.lease_expires_at
+    delay = wait + service.rng.uniform(0.0, min(wait, 1.0))
+    if lease is not None and lease < now + dt.timedelta(seconds=delay + 5.0):
+        until = now + dt.timedelta(seconds=delay + service.settings.hold_lease)
+        with service.autocommit.connect() as conn:
+            extend_lease(conn, row.id, row.attempts, until)
+    return Result(
+        Action.RETRY, Status.DISPATCHED, delay, RATE_LIMITED, f"provider {provider!r} rate limit"
+    )
+
+
+def _circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.datetime) -> Result:
+    """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
+    without spending an attempt."""
+    wait = probe_wait(service, permit.retry_at)
+    due = now + dt.timedelta(seconds=wait)
+    reason = (
+        f"circuit breaker of provider {row.provider!r} is {permit.state}; "
+        f"next try at {due.isoformat(timespec='seconds')}"
+    )
+    leave = Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
+    if not _leave_dispatched(service, row, leave, next_attempt_at=due):
+        return _TAKEN
+    return Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)

@@ -1,0 +1,236 @@
+"""What a worker's task does: one attempt at each message it carries, on one path whether it
+carries one message (``delivery.deliver``) or a batch of them (``delivery.deliver_batch``);
+a message alone is a batch of one.
+
+``deliver_many`` takes ``(id, key)`` pairs, what the tasks carry:
+
+1. One SELECT reads every row and the database's clock (``delivery.core.clock``). A
+   message that is not there, not ``key``'s, or not ``dispatched`` (a duplicate or late task)
+   is skipped; a pair repeated in the batch is skipped the second time.
+2. Each other message makes its attempt (``delivery.sending.attempt``: checks, rate limit,
+   circuit breaker, the take committed before the request leaves, the call) on this
+   process's send pool, ``send_concurrency`` in flight; a message alone runs on the task's
+   own thread. Messages are admitted (breaker, take) only as send slots free up, so a send
+   that has not left when the breaker opens is parked, not sent, however long the batch.
+3. ``settle.after_sends`` applies the outcomes, together: every delivery of the batch in one
+   statement with its attempt rows (sooner if the first has waited ``hold_lease / 2`` s),
+   each other outcome in its own transaction.
+
+The answer is a ``Result`` per pair, whose ``action`` is one of the closed set ``Action``
+(``delivery.transitions``). A batch that fails midway leaves each message where a
+message alone would be: ``dispatched`` (not yet taken: the redelivered task, or the relay
+after its lease, gives it to a worker again) or ``sending`` (taken: its worker stops renewing
+the lease, and the sweeper hands it to its ``on_unknown`` policy ``hold_lease`` s later).
+Nothing is lost; a second effect is only the provider's to dedupe.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from typing import Any
+
+from sqlalchemy import Row, bindparam, select
+
+from delivery.core.clock import read_with_clock
+from delivery.core.models import messages_table
+from delivery.core.status import Status
+from delivery.runtime.service import Service
+from delivery.sending.attempt import Clock, Taken, admit, call, check
+from delivery.sending.settle import Sent, after_sends
+from delivery.transitions import Action, Result
+
+__all__ = ["ROW", "Action", "Result", "deliver", "deliver_many", "send_pool"]
+
+_NO_SUCH = Result(Action.SKIP, reason="no such message")
+_REPEATED = Result(Action.SKIP, reason="repeated in its batch")
+
+_COLUMNS = (
+    "id",
+    "key",
+    "channel",
+    "provider",
+    "recipient",
+    "payload",
+    "status",
+    "attempts",
+    "max_attempts",
+    "needs_lookup",
+    "on_unknown",
+    "next_attempt_at",
+    "lease_expires_at",
+    "expires_at",
+    "message_type",
+    "created_at",
+)
+
+#: What one attempt reads of its message.
+ROW = select(*(messages_table.c[name] for name in _COLUMNS))
+#: A task's rows, one statement object for every task (``read_with_clock`` keeps it).
+_ROWS_BY_IDS = ROW.where(messages_table.c.id.in_(bindparam("ids", expanding=True)))
+
+_pool: ThreadPoolExecutor | None = None
+_slots: threading.BoundedSemaphore | None = None
+_pool_pid = 0
+_pool_lock = threading.Lock()
+
+
+def send_pool(size: int) -> tuple[ThreadPoolExecutor, threading.BoundedSemaphore]:
+    """This process's pool of send threads (``size`` of them; made again after a fork) and its
+    free send slots, one per thread, shared by every task of the process."""
+    global _pool, _slots, _pool_pid
+    with _pool_lock:
+        if _pool is None or _slots is None or _pool_pid != os.getpid():
+            _pool = ThreadPoolExecutor(max(size, 1), thread_name_prefix="delivery-send")
+            _slots = threading.BoundedSemaphore(max(size, 1))
+            _pool_pid = os.getpid()
+        return _pool, _slots
+
+
+def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[int, Result]:
+    """Make the attempts at ``rows``; the ``Result`` of each, by id.
+
+    Each row is checked (``attempt.check``); the others are admitted (breaker, take) only as
+    send slots free up, half the pool's slots at a time (or all it still needs), and sent on
+    the send pool, so a taken row never waits for a thread and a permit never outlives the
+    moment its request leaves by more than a statement. A message alone, or every message
+    when there is no pool, is sent on the task's own thread. The calls made are settled
+    together, at the end or once the first has waited ``hold_lease / 2`` s, so a taken row
+    waits in ``sending`` within its lease however long the batch. An attempt that raised is
+    raised once every other has finished (and been settled)."""
+    results: dict[int, Result] = {}
+    waiting: list[Row[Any]] = []
+    for row in rows:
+        checked = check(service, row, clock)
+        if checked is None:
+            waiting.append(row)
+        else:
+            results[row.id] = checked
+    made = _Made(service, results)
+    if len(rows) <= 1 or service.settings.send_concurrency <= 1:
+        for row in waiting:
+            answers, sends = admit(service, [row], clock)
+            results |= answers
+            made.add([(t.row.id, call(service, t)) for t in sends])
+            made.settle()
+        return results
+    pool, slots = send_pool(service.settings.send_concurrency)
+    running: set[Future[tuple[int, Result | Sent]]] = set()
+    error: BaseException | None = None
+    queue = list(reversed(waiting))
+    enough = max(1, service.settings.send_concurrency // 2)
+    held = 0
+    while queue or running:
+        while held < len(queue) and slots.acquire(blocking=not running and not held):
+            held += 1
+        if queue and (held >= min(len(queue), enough) or (held and not running)):
+            wave = [queue.pop() for _ in range(min(held, len(queue)))]
+            held -= len(wave)
+            answers, sends = admit(service, wave, clock)
+            results |= answers
+            for _ in range(len(wave) - len(sends)):
+                slots.release()
+            running |= {pool.submit(_call, service, slots, t) for t in sends}
+        if running:
+            timeout = made.wait(0.05 if queue else None)
+            done, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
+            for future in done:
+                if future.exception() is None:
+                    made.add([future.result()])
+                else:
+                    error = error or future.exception()
+        if made.due():
+            made.settle()
+    made.settle()
+    if error is not None:
+        raise error
+    return results
+
+
+class _Made:
+    """The calls made and not yet settled; settled together into ``results``."""
+
+    def __init__(self, service: Service, results: dict[int, Result]) -> None:
+        self.service, self.results = service, results
+        self.calls: list[Sent] = []
+        self.limit = service.settings.hold_lease / 2
+
+    def add(self, answers: Sequence[tuple[int, Result | Sent]]) -> None:
+        for message_id, answer in answers:
+            if isinstance(answer, Sent):
+                self.calls.append(answer)
+            else:
+                self.results[message_id] = answer
+
+    def wait(self, poll: float | None) -> float | None:
+        """How long the loop may wait before the oldest call must be settled (``poll`` at most)."""
+        if not self.calls:
+            return poll
+        oldest = min(c.started for c in self.calls)
+        left = max(0.0, oldest + self.limit - time.perf_counter())
+        return left if poll is None else min(left, poll)
+
+    def due(self) -> bool:
+        return bool(self.calls) and self.wait(None) == 0.0
+
+    def settle(self) -> None:
+        if self.calls:
+            self.results |= after_sends(self.service, self.calls)
+            self.calls = []
+
+
+def deliver(service: Service, message_id: int, key: str) -> Result:
+    """One attempt at message ``message_id`` (if it is still ``key``'s and due): a batch of
+    one, and what its task does next."""
+    return deliver_many(service, [(message_id, key)])[0]
+
+
+def deliver_many(
+    service: Service,
+    pairs: Sequence[tuple[int, str]],
+    *,
+    on_read: Callable[[Mapping[int, int]], object] | None = None,
+) -> list[Result]:
+    """One attempt at each message of ``pairs`` (id, key); the ``Result`` of each, in order.
+    ``on_read`` is called with each found message's attempt count once the rows are read,
+    before anything is sent."""
+    ids = sorted({message_id for message_id, _ in pairs})
+    with service.autocommit.connect() as conn:
+        rows, now = read_with_clock(conn, _ROWS_BY_IDS, {"ids": ids})
+    clock = Clock(now, time.monotonic())
+    by_id = {row.id: row for row in rows}
+    if on_read is not None:
+        on_read({row.id: row.attempts for row in rows})
+    results: dict[int, Result] = {}
+    ready: list[Row[Any]] = []
+    first: dict[int, str] = {}
+    for message_id, key in pairs:
+        first.setdefault(message_id, key)
+    for message_id, key in first.items():
+        row = by_id.get(message_id)
+        if row is None or row.key != key:
+            results[message_id] = _NO_SUCH
+        elif row.status != Status.DISPATCHED:
+            reason = f"message is {row.status}"
+            results[message_id] = Result(Action.SKIP, status=row.status, reason=reason)
+        else:
+            ready.append(row)
+    results |= _attempts(service, ready, clock)
+    answered: set[int] = set()
+    out: list[Result] = []
+    for message_id, _ in pairs:
+        out.append(_REPEATED if message_id in answered else results[message_id])
+        answered.add(message_id)
+    return out
+
+
+def _call(
+    service: Service, slots: threading.BoundedSemaphore, taken: Taken
+) -> tuple[int, Result | Sent]:
+    try:
+        return taken.row.id, call(service, taken)
+    finally:
+        slots.release()

@@ -1,0 +1,235 @@
+"""What one attempt's outcome does to its message, in one transaction with the attempt's row.
+
+``after_send`` matches on the closed set of outcomes (``delivery.core.outcomes``):
+
+- ``Delivered``: ``sent``, with the provider's reference.
+- ``Permanent``: ``dead``, with its code and reason.
+- ``Retryable``: waits (backoff, or the provider's Retry-After) and is sent again with the
+  same key; ``dead`` once its attempts are spent. ``IDEMPOTENCY_IN_PROGRESS`` (our own earlier
+  attempt is still running at the provider) waits out the provider's budget and spends no
+  attempt: it never ends ``dead``.
+- ``Unknown``: the message's policy: ``give_up`` -> ``unknown``; ``retry`` waits and sends
+  again; ``lookup`` waits and asks the provider first; ``unknown`` once its attempts are spent.
+
+The circuit breaker's answer to the call (``Recorded``) weighs on both retries (G5: an outage
+spends no attempts). A failed call after which the breaker is open waits at least until its
+next probe time (plus up to ``CIRCUIT_JITTER`` s, as a parked message does): sooner it would
+only be parked. A failed half-open *probe* is the breaker's test of the provider, made for
+every message of that provider: its attempt is recorded but given back (``max_attempts`` + 1,
+as for ``IDEMPOTENCY_IN_PROGRESS``), so that however long an outage lasts and whichever message
+carries its probes, none is brought to its last attempt by them.
+
+``after_lookup`` does the same for a lookup: ``Found`` -> ``sent``; ``Absent`` -> renew the
+lease, fenced on this attempt, and go on and send (nothing is sent if the row is no longer
+this attempt's: a lookup that outlived the lease); ``LookupFailed`` -> wait and look again
+(``unknown`` once the attempts are spent); ``Undeliverable`` (the provider has it and
+reports that it can never reach the recipient) -> ``dead`` with the provider's code.
+Every move is a transition of ``delivery.transitions.worker``, which emits its
+``Transition``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from sqlalchemy import Connection
+
+from delivery.core import outcomes
+from delivery.core.backoff import compute_backoff
+from delivery.core.clock import db_now
+from delivery.core.policies import UnknownPolicy
+from delivery.core.status import Status
+from delivery.guards.breaker import Recorded
+from delivery.runtime.service import Service
+from delivery.transitions import Action, Failure, Result, Sending, in_progress
+from delivery.transitions.attempts import log_attempt
+from delivery.transitions.worker import Accepted, finish_sent, park, renew, stop
+
+__all__ = [
+    "CIRCUIT_JITTER",
+    "Sent",
+    "after_lookup",
+    "after_send",
+    "after_sends",
+    "probe_wait",
+]
+
+CIRCUIT_JITTER = 1.0
+"""Up to this many seconds are added to a wait for the breaker's next probe time."""
+
+_CHANGED = Result(Action.SKIP, reason="row changed while sending")
+_DONE_SENT = Result(Action.DONE, Status.SENT)
+_NO_BREAKER = Recorded()
+
+
+def after_lookup(
+    service: Service, msg: Sending, found: outcomes.LookupOutcome, started: float
+) -> Result | None:
+    """Apply a lookup's answer; ``None`` means the key is absent: go on and send."""
+    if isinstance(found, outcomes.Found):
+        return _sent(service, [(msg, "lookup", found, _ms_since(started))])[msg.id]
+    with service.engine.begin() as conn:
+        log_attempt(conn, msg, "lookup", found, started)
+        match found:
+            case outcomes.Absent():
+                # Ours still? The lookup may have outlived the lease: the row may have been
+                # recovered and taken by another worker. Renew the lease (fenced on this
+                # attempt) before sending, or send nothing.
+                lease = db_now(conn) + dt.timedelta(seconds=service.settings.send_lease)
+                return None if renew(conn, msg, lease) else _CHANGED
+            case outcomes.LookupFailed(code=code, reason=reason):
+                failure = Failure(code, reason, "lookup_failed", Status.UNKNOWN)
+                return _retry_or_stop(service, conn, msg, failure)
+            case outcomes.Undeliverable(code=code, reason=reason):
+                return _stop(conn, msg, Failure(code, reason, "undeliverable", Status.DEAD))
+    raise AssertionError(found)
+
+
+@dataclass(frozen=True, slots=True)
+class Sent:
+    """A call made: the message, its outcome, when the call started (``perf_counter``) and
+    what the breaker answered when it was recorded."""
+
+    msg: Sending
+    outcome: outcomes.Outcome
+    started: float
+    breaker: Recorded = _NO_BREAKER
+
+
+def after_sends(service: Service, calls: Sequence[Sent]) -> dict[int, Result]:
+    """Apply the outcome of each call (the table in the module docstring), by message id:
+    every delivery in one statement (``transitions.finish_sent``), each other outcome in its
+    own transaction with its attempt's row."""
+    results = _sent(
+        service,
+        [
+            (c.msg, "send", c.outcome, _ms_since(c.started))
+            for c in calls
+            if isinstance(c.outcome, outcomes.Delivered)
+        ],
+    )
+    for c in calls:
+        if not isinstance(c.outcome, outcomes.Delivered):
+            results[c.msg.id] = _after_failure(service, c)
+    return results
+
+
+def _sent(service: Service, accepted: Sequence[Accepted]) -> dict[int, Result]:
+    """``sent`` for every accepted call, in one statement (autocommit on PostgreSQL)."""
+    if not accepted:
+        return {}
+    postgresql = service.engine.dialect.name == "postgresql"
+    with service.autocommit.connect() if postgresql else service.engine.begin() as conn:
+        moved = finish_sent(conn, accepted)
+    return {msg.id: _DONE_SENT if msg.id in moved else _CHANGED for msg, *_ in accepted}
+
+
+def _ms_since(started: float) -> float:
+    return (time.perf_counter() - started) * 1000.0
+
+
+def after_send(
+    service: Service,
+    msg: Sending,
+    outcome: outcomes.Outcome,
+    started: float,
+    breaker: Recorded = _NO_BREAKER,
+) -> Result:
+    """``after_sends`` for one call; ``breaker``: what the provider's breaker answered when
+    the outcome was recorded."""
+    return after_sends(service, [Sent(msg, outcome, started, breaker)])[msg.id]
+
+
+def _after_failure(service: Service, call: Sent) -> Result:
+    msg, outcome, breaker = call.msg, call.outcome, call.breaker
+    with service.engine.begin() as conn:
+        log_attempt(conn, msg, "send", outcome, call.started)
+        match outcome:
+            case outcomes.Permanent(code=code, reason=reason):
+                return _stop(conn, msg, Failure(code, reason, "permanent", Status.DEAD))
+            case outcomes.Retryable() if in_progress(outcome):
+                return _wait_in_progress(service, conn, msg, outcome)
+            case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after):
+                failure = Failure(code, reason, "retryable", Status.DEAD, retry_after)
+                return _retry_or_stop(service, conn, msg, failure, breaker)
+            case outcomes.Unknown(code=code, reason=reason):
+                if msg.policy is UnknownPolicy.GIVE_UP:
+                    return _stop(conn, msg, Failure(code, reason, "unknown", Status.UNKNOWN))
+                lookup = msg.policy is UnknownPolicy.LOOKUP
+                failure = Failure(code, reason, "unknown", Status.UNKNOWN, needs_lookup=lookup)
+                return _retry_or_stop(service, conn, msg, failure, breaker)
+    raise AssertionError(outcome)
+
+
+def _stop(conn: Connection, msg: Sending, failure: Failure) -> Result:
+    """End the message in ``failure.final`` (dead or unknown)."""
+    if stop(conn, msg, failure):
+        return Result(Action.DONE, failure.final, code=failure.code, reason=failure.reason)
+    return _CHANGED
+
+
+def _retry_or_stop(
+    service: Service,
+    conn: Connection,
+    msg: Sending,
+    failure: Failure,
+    breaker: Recorded = _NO_BREAKER,
+) -> Result:
+    """Wait and try again with the same key, or stop once the attempts are spent; a failed
+    probe gives its attempt back (the module docstring)."""
+    if msg.attempt >= msg.max_attempts and not breaker.probe_failed:
+        spent = f"attempts exhausted ({msg.attempt}/{msg.max_attempts}): {failure.reason}"
+        return _stop(conn, msg, replace(failure, reason=spent))
+    delay = compute_backoff(msg.attempt, msg.backoff, failure.retry_after, service.rng)
+    delay = _not_before_probe(service, delay, breaker)
+    if breaker.probe_failed:
+        given_back = f"circuit breaker probe, attempt given back: {failure.reason}"
+        failure = replace(failure, reason=given_back)
+        return _park(service, conn, msg, delay, failure, max_attempts=msg.max_attempts + 1)
+    return _park(service, conn, msg, delay, failure)
+
+
+def _not_before_probe(service: Service, delay: float, breaker: Recorded) -> float:
+    """``delay``, or longer while the breaker is open after the call: the wait of a message it
+    parks (``probe_wait``)."""
+    if breaker.retry_at is None:
+        return delay
+    return max(delay, probe_wait(service, breaker.retry_at))
+
+
+def probe_wait(service: Service, retry_at: float | None) -> float:
+    """Seconds until the breaker's next probe time ``retry_at`` (epoch seconds; None: now),
+    plus up to ``CIRCUIT_JITTER`` s so that the messages waiting for it do not all come back
+    at once."""
+    return max(0.0, (retry_at or 0.0) - time.time()) + service.rng.uniform(0.0, CIRCUIT_JITTER)
+
+
+def _wait_in_progress(
+    service: Service, conn: Connection, msg: Sending, outcome: outcomes.Retryable
+) -> Result:
+    """Our own earlier attempt is still running at the provider (409 in progress): wait it out
+    (Retry-After, else the provider's own budget, else backoff) and ask again with the same
+    key. The attempt is given back (``max_attempts`` + 1), so this never ends ``dead``."""
+    wait = outcome.retry_after if outcome.retry_after is not None else msg.in_progress_wait
+    if wait is None:
+        wait = compute_backoff(msg.attempt, msg.backoff, None, service.rng)
+    failure = Failure(outcome.code, outcome.reason, "in_progress", Status.DEAD, wait)
+    return _park(service, conn, msg, wait, failure, max_attempts=msg.max_attempts + 1)
+
+
+def _park(
+    service: Service,
+    conn: Connection,
+    msg: Sending,
+    delay: float,
+    failure: Failure,
+    **values: object,
+) -> Result:
+    status = park(conn, msg, delay, service.settings, failure, now=db_now(conn), **values)
+    if status is None:
+        return _CHANGED
+    action = Action.RETRY if status is Status.DISPATCHED else Action.PARKED
+    return Result(action, status, delay, failure.code, failure.reason)

@@ -1,0 +1,105 @@
+"""The operators' transitions (``delivery.ops.repair``: the CLI, the console, the Django
+admin), each one conditional UPDATE in the caller's session, refreshing the message and
+emitting its ``Transition`` once it moved:
+
+- ``redrive``: ``dead`` or ``unknown`` -> ``pending``, due now, with a fresh budget of
+  attempts counted from here (``unknown`` ones flagged ``needs_lookup``);
+- ``resolve``: ``unknown`` -> ``sent`` or ``dead``;
+- ``cancel``: ``pending`` -> ``cancelled``.
+
+Each is fenced on the status only, which is safe: ``dead``, ``unknown`` and ``pending`` are
+held by no worker (every worker move starts from ``dispatched`` or ``sending``), no move out
+of them changes the attempt count, and the attempt count is what fences every worker move,
+so a worker from the message's earlier life can never match its next one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, cast
+
+from sqlalchemy import CursorResult, case, update
+from sqlalchemy.orm import Session
+
+from delivery.core.clock import db_now
+from delivery.core.models import Message, utcnow
+from delivery.core.status import Status
+from delivery.observability.events import Transition, emit
+
+__all__ = ["REDRIVABLE", "RESOLVABLE", "cancel", "redrive", "resolve"]
+
+REDRIVABLE = (Status.DEAD, Status.UNKNOWN)
+"""The statuses ``redrive`` accepts."""
+
+RESOLVABLE = (Status.SENT, Status.DEAD)
+"""The statuses ``resolve`` may declare an ``unknown`` message to be in."""
+
+
+def redrive(session: Session, message: Message) -> bool:
+    """``message`` (``dead`` or ``unknown``) -> ``pending`` with the same key; False if it was
+    no longer in either."""
+    previous = message.status
+    now = db_now(session.connection())
+    values: dict[str, Any] = {
+        "status": Status.PENDING.value,
+        # The attempt count is every conditional update's fence: it never goes back, so a
+        # late worker from an earlier life cannot match this one. The new life gets the
+        # message's own budget again, counted from here.
+        "max_attempts": Message.attempts + Message.max_attempts - Message.budget_start,
+        "budget_start": Message.attempts,
+        "next_attempt_at": now,
+        "lease_expires_at": None,
+        "needs_lookup": case((Message.status == Status.UNKNOWN.value, True), else_=False),
+        "updated_at": now,
+    }
+    return _move(session, message, REDRIVABLE, values, (previous, "redrive"))
+
+
+def resolve(session: Session, message: Message, to: Status) -> bool:
+    """``message`` (``unknown``) -> ``to`` (``sent``: ``sent_at`` now; ``dead``: its last
+    error kept); False if it was no longer ``unknown``."""
+    now = utcnow()
+    values: dict[str, Any] = {"status": to.value, "lease_expires_at": None, "updated_at": now}
+    if to is Status.SENT:
+        values.update(sent_at=now, needs_lookup=False)
+    return _move(session, message, (Status.UNKNOWN,), values, (message.status, "resolve"))
+
+
+def cancel(session: Session, message: Message) -> bool:
+    """``message`` (``pending``) -> ``cancelled``; False if it was no longer ``pending``."""
+    values = {"status": Status.CANCELLED.value, "lease_expires_at": None, "updated_at": utcnow()}
+    return _move(session, message, (Status.PENDING,), values, (message.status, "cancel"))
+
+
+def _move(
+    session: Session,
+    message: Message,
+    expected: Sequence[Status],
+    values: dict[str, Any],
+    why: tuple[str, str],
+) -> bool:
+    """The one UPDATE of a repair: change ``message`` only while its status is still one of
+    ``expected``; refresh it either way, and emit the transition (``why``: the status it was
+    seen in, and the outcome) if it moved."""
+    statement = (
+        update(Message)
+        .where(Message.id == message.id, Message.status.in_([s.value for s in expected]))
+        .values(**values)
+        .execution_options(synchronize_session=False)
+    )
+    done = bool(cast(CursorResult[Any], session.execute(statement)).rowcount)
+    session.refresh(message)
+    if done:
+        previous, outcome = why
+        emit(
+            Transition(
+                message.id,
+                message.key,
+                message.provider,
+                previous,
+                message.status,
+                message.attempts,
+                outcome=outcome,
+            )
+        )
+    return done
