@@ -21,22 +21,8 @@ Command-line options still win over this file (``--port=5556``).
 import os
 from pathlib import Path
 
-MIN_PASSWORD = 12
-PLACEHOLDERS = ("change-me", "changeme", "change_me", "password", "secret", "example", "admin")
-
-
-def password_problem(credential: str) -> str | None:
-    """Why one ``user:password`` must not guard the dashboard, or None (names neither)."""
-    user, sep, password = credential.partition(":")
-    if not sep or not user or not password:
-        return "is not user:password"
-    if len(password) < MIN_PASSWORD:
-        return f"the password is shorter than {MIN_PASSWORD} characters"
-    lowered = password.lower()
-    if lowered == user.lower() or any(word in lowered for word in PLACEHOLDERS):
-        return "the password is a placeholder or the user name; choose a real one"
-    return None
-
+# The checks and columns `delivery flower` uses: one definition, in the package.
+from delivery.cli.flower import TASKS_COLUMNS, password_problem
 
 _credentials = [c.strip() for c in os.environ.get("FLOWER_BASIC_AUTH", "").split(",") if c.strip()]
 if not _credentials:
@@ -60,6 +46,5 @@ Path(db).parent.mkdir(parents=True, exist_ok=True)
 state_save_interval = 60_000
 
 max_tasks = 100_000
-# Columns of the tasks page: the uuid is the message key, args are (message_id, key).
-tasks_columns = "name,uuid,state,args,retries,eta,exception,received,started,runtime,worker"
+tasks_columns = TASKS_COLUMNS  # the uuid is the message key, args are (message_id, key)
 natural_time = False

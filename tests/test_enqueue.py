@@ -15,6 +15,7 @@ import delivery
 from delivery.config.loading import load_settings
 from delivery.core.models import Message
 from delivery.errors import ConfigError, IdempotencyConflict, InvalidMessage
+from delivery.observability import events
 from delivery.outbox import enqueue as outbox
 from delivery.relay.claims import Claim
 from delivery.runtime.db import make_engine, upgrade
@@ -162,11 +163,20 @@ def test_a_failed_publish_gives_the_row_back_to_the_relay_at_once(
     engine: Engine, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A publish that fails after the commit puts the claimed row back to pending, without
-    waiting for its lease; the commit itself succeeded."""
+    waiting for its lease; the commit itself succeeded. Each move is announced once: the
+    claim, then the give-back (hooks and metrics count them)."""
     monkeypatch.setattr(outbox, "_nudge", Publisher(fail=True))
-    with Session(engine) as session, session.begin():
-        delivery.enqueue(session, key="given-back", **SMS)  # type: ignore[arg-type]
+    seen: list[delivery.Transition] = []
+    hook = seen.append
+    delivery.add_hook(hook)
+    try:
+        with Session(engine) as session, session.begin():
+            delivery.enqueue(session, key="given-back", **SMS)  # type: ignore[arg-type]
+    finally:
+        events.remove_hook(hook)
     assert stored(engine, "given-back")[:2] == ("pending", None)
+    moves = [(t.from_status, t.to_status) for t in seen if t.key == "given-back"]
+    assert moves == [("pending", "dispatched"), ("dispatched", "pending")]
 
 
 def test_a_rollback_publishes_nothing(engine: Engine, nudge: Publisher) -> None:

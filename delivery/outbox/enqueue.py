@@ -147,22 +147,9 @@ def publish_claimed(engine: Engine, claims: Sequence[Claim]) -> None:
         log.warning("post-commit nudge failed; the relay will publish the messages", exc_info=True)
     try:
         with engine.begin() as conn:
-            release(conn, claims)
+            release(conn, claims)  # emits each row's dispatched -> pending
     except Exception:
         log.warning("could not give the messages back; their lease will", exc_info=True)
-        return
-    for c in claims:
-        emit(
-            Transition(
-                c.id,
-                c.key,
-                c.provider,
-                Status.DISPATCHED,
-                Status.PENDING,
-                c.attempts,
-                "publish_failed",
-            )
-        )
 
 
 def enqueue(
