@@ -82,22 +82,32 @@ class Slots:
     def __init__(self, size: int) -> None:
         self.size, self._free = size, size
         self._changed = threading.Condition()
+        self._wanted: list[int] = []  # the ``least`` of each task waiting in ``take``
 
     def take(self, least: int, most: int, timeout: float | None) -> int:
         """Up to ``most`` slots once at least ``least`` are free (waiting up to ``timeout`` s,
         for good if None): how many were taken, 0 if ``least`` were not free in time."""
         with self._changed:
-            if not self._changed.wait_for(lambda: self._free >= least, timeout):
-                return 0
+            if self._free < least:
+                if timeout == 0:
+                    return 0
+                self._wanted.append(least)
+                try:
+                    if not self._changed.wait_for(lambda: self._free >= least, timeout):
+                        return 0
+                finally:
+                    self._wanted.remove(least)
             taken = min(most, self._free)
             self._free -= taken
             return taken
 
     def release(self, count: int = 1) -> None:
+        """Free ``count`` slots; the waiting tasks are woken only once one of them has enough."""
         if count:
             with self._changed:
                 self._free = min(self.size, self._free + count)
-                self._changed.notify_all()
+                if self._wanted and self._free >= min(self._wanted):
+                    self._changed.notify_all()
 
 
 _pool: ThreadPoolExecutor | None = None
