@@ -6,13 +6,14 @@ tasks; the lease keeper holding every message of a batch.
 from __future__ import annotations
 
 import datetime as dt
+import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from celery.worker import state
-from sqlalchemy import Engine, insert, select, update
+from sqlalchemy import Engine, event, insert, select, update
 from sqlalchemy.orm import Session
 
 import delivery
@@ -183,6 +184,45 @@ def test_a_row_waiting_for_the_send_pool_is_taken_only_when_its_send_starts(
     with clean.connect() as conn:
         rows = conn.execute(select(messages_table.c.status, messages_table.c.attempts)).all()
     assert sorted(tuple(row) for row in rows) == [("sent", 1)] * 3
+
+
+@pytest.mark.integration
+def test_batches_side_by_side_take_their_rows_in_waves_of_half_the_send_slots(
+    clean: Engine, stub: Any
+) -> None:
+    """Four batches at once in one process (a threads pool) share its 8 send slots: each
+    takes its rows (one UPDATE per wave) in waves of at least half the slots, taken together,
+    and only a batch's last rows may go in a smaller wave; no batch holds a few idle slots
+    and sends in waves of one or two. Every message is sent once."""
+    stub.set_faults(delay_ms=30)
+    pairs = _dispatched(clean, [{"key": f"side-{i}", "recipient": OK} for i in range(48)])
+    service = Service.from_settings(get_settings().with_(send_concurrency=8))
+    waves: list[int] = []
+
+    @event.listens_for(service.engine, "before_cursor_execute")
+    def count(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
+        if isinstance(parameters, dict) and "b_lease" in parameters:  # the take
+            waves.append(len(parameters["ids"]))
+
+    start = threading.Barrier(4)
+    answers: list[list[Any]] = [[] for _ in range(4)]
+
+    def batch(n: int) -> None:
+        start.wait()
+        answers[n] = deliver_many(service, pairs[n * 12 : (n + 1) * 12])
+
+    threads = [threading.Thread(target=batch, args=(n,)) for n in range(4)]
+    try:
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+    finally:
+        service.close()
+    assert [r.action for rs in answers for r in rs] == [Action.DONE] * 48
+    assert stub.effects() == {key: 1 for _, key in pairs}
+    assert sum(waves) == 48
+    assert len([n for n in waves if n < 4]) <= 4, waves  # one per batch at most
 
 
 @pytest.mark.integration

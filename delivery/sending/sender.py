@@ -43,7 +43,7 @@ from delivery.sending.attempt import Clock, Taken, admit, call, check
 from delivery.sending.settle import Sent, after_sends
 from delivery.transitions import Action, Result
 
-__all__ = ["ROW", "Action", "Result", "deliver", "deliver_many", "send_pool"]
+__all__ = ["ROW", "Action", "Result", "Slots", "deliver", "deliver_many", "send_pool"]
 
 _NO_SUCH = Result(Action.SKIP, reason="no such message")
 _REPEATED = Result(Action.SKIP, reason="repeated in its batch")
@@ -72,20 +72,58 @@ ROW = select(*(messages_table.c[name] for name in _COLUMNS))
 #: A task's rows, one statement object for every task (``read_with_clock`` keeps it).
 _ROWS_BY_IDS = ROW.where(messages_table.c.id.in_(bindparam("ids", expanding=True)))
 
+
+class Slots:
+    """This process's free send slots, one per send thread, shared by every task of the
+    process: taken a wave at a time (``take``: at least ``least`` at once, so that tasks
+    running side by side do not each hold a few idle slots and send in waves of one or two),
+    freed one per finished send (``release``)."""
+
+    def __init__(self, size: int) -> None:
+        self.size, self._free = size, size
+        self._changed = threading.Condition()
+        self._wanted: list[int] = []  # the ``least`` of each task waiting in ``take``
+
+    def take(self, least: int, most: int, timeout: float | None) -> int:
+        """Up to ``most`` slots once at least ``least`` are free (waiting up to ``timeout`` s,
+        for good if None): how many were taken, 0 if ``least`` were not free in time."""
+        with self._changed:
+            if self._free < least:
+                if timeout == 0:
+                    return 0
+                self._wanted.append(least)
+                try:
+                    if not self._changed.wait_for(lambda: self._free >= least, timeout):
+                        return 0
+                finally:
+                    self._wanted.remove(least)
+            taken = min(most, self._free)
+            self._free -= taken
+            return taken
+
+    def release(self, count: int = 1) -> None:
+        """Free ``count`` slots; the waiting tasks are woken only once one of them has enough."""
+        if count:
+            with self._changed:
+                self._free = min(self.size, self._free + count)
+                if self._wanted and self._free >= min(self._wanted):
+                    self._changed.notify_all()
+
+
 _pool: ThreadPoolExecutor | None = None
-_slots: threading.BoundedSemaphore | None = None
+_slots: Slots | None = None
 _pool_pid = 0
 _pool_lock = threading.Lock()
 
 
-def send_pool(size: int) -> tuple[ThreadPoolExecutor, threading.BoundedSemaphore]:
+def send_pool(size: int) -> tuple[ThreadPoolExecutor, Slots]:
     """This process's pool of send threads (``size`` of them; made again after a fork) and its
     free send slots, one per thread, shared by every task of the process."""
     global _pool, _slots, _pool_pid
     with _pool_lock:
         if _pool is None or _slots is None or _pool_pid != os.getpid():
             _pool = ThreadPoolExecutor(max(size, 1), thread_name_prefix="delivery-send")
-            _slots = threading.BoundedSemaphore(max(size, 1))
+            _slots = Slots(max(size, 1))
             _pool_pid = os.getpid()
         return _pool, _slots
 
@@ -94,9 +132,10 @@ def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[
     """Make the attempts at ``rows``; the ``Result`` of each, by id.
 
     Each row is checked (``attempt.check``); the others are admitted (breaker, take) only as
-    send slots free up, half the pool's slots at a time (or all it still needs), and sent on
-    the send pool, so a taken row never waits for a thread and a permit never outlives the
-    moment its request leaves by more than a statement. A message alone, or every message
+    send slots free up, in waves of at least half the pool's slots (or all it still needs),
+    taken together from the slots every task of the process shares, and sent on the send
+    pool, so a taken row never waits for a thread and a permit never outlives the moment its
+    request leaves by more than a statement. A message alone, or every message
     when there is no pool, is sent on the task's own thread. The calls made are settled
     together, at the end or once the first has waited ``hold_lease / 2`` s, so a taken row
     waits in ``sending`` within its lease however long the batch. An attempt that raised is
@@ -121,18 +160,20 @@ def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[
     running: set[Future[tuple[int, Result | Sent]]] = set()
     error: BaseException | None = None
     queue = list(reversed(waiting))
-    enough = max(1, service.settings.send_concurrency // 2)
-    held = 0
+    enough = max(1, min(service.settings.send_concurrency // 2, slots.size))
     while queue or running:
-        while held < len(queue) and slots.acquire(blocking=not running and not held):
-            held += 1
-        if queue and (held >= min(len(queue), enough) or (held and not running)):
-            wave = [queue.pop() for _ in range(min(held, len(queue)))]
-            held -= len(wave)
-            answers, sends = admit(service, wave, clock)
+        # With calls of its own in flight the task waits for them (below); with none, for slots.
+        least, wait_for = min(len(queue), enough), 0 if running else made.wait(None)
+        free = slots.take(least, len(queue), wait_for) if queue else 0
+        if free:
+            wave = [queue.pop() for _ in range(free)]
+            try:
+                answers, sends = admit(service, wave, clock)
+            except BaseException:
+                slots.release(free)
+                raise
             results |= answers
-            for _ in range(len(wave) - len(sends)):
-                slots.release()
+            slots.release(len(wave) - len(sends))
             running |= {pool.submit(_call, service, slots, t) for t in sends}
         if running:
             timeout = made.wait(0.05 if queue else None)
@@ -227,9 +268,7 @@ def deliver_many(
     return out
 
 
-def _call(
-    service: Service, slots: threading.BoundedSemaphore, taken: Taken
-) -> tuple[int, Result | Sent]:
+def _call(service: Service, slots: Slots, taken: Taken) -> tuple[int, Result | Sent]:
     try:
         return taken.row.id, call(service, taken)
     finally:
