@@ -151,17 +151,20 @@ def test_deliver_many_takes_only_rows_still_where_it_saw_them(clean: Engine, stu
 
 
 @pytest.mark.integration
-def test_a_row_waiting_for_the_send_pool_is_taken_only_when_its_send_starts(
+def test_a_row_taken_ahead_is_given_back_when_its_call_could_outlast_its_lease(
     clean: Engine, stub: Any
 ) -> None:
-    """A batch's sends wait for the send pool. A row is taken (``dispatched`` -> ``sending``,
-    its lease ``hold_lease`` s from then) only when its send starts, so however long it waited
-    its send never outlasts its lease (the sweeper would hand it to another worker): one send
-    at a time, each answered in 2.5 s, the third starts 5 s after the batch did, and each row
-    was taken at most a moment before its own send and sent within its lease."""
+    """A batch takes all its rows with its first wave (one UPDATE), and each row asks the
+    breaker when a send slot frees up for it. A row taken ahead whose call could no longer end
+    within its lease (here: one send at a time, each answered in 2.5 s; the lease keeper
+    renews a row up to ``send_lease`` after its take, and the provider's whole timeout must
+    fit after the call starts: here 4 s after the take at most) is given back, not sent: ``pending`` due at
+    once, ``SEND_LATE``, its attempt given back (``max_attempts`` + 1), instead of racing the
+    sweeper, which hands a ``sending`` row past its lease to another worker."""
     stub.set_faults(delay_ms=2500)
     pairs = _dispatched(clean, [{"key": f"late-{i}", "recipient": OK} for i in range(3)])
-    settings = get_settings().with_(send_concurrency=1, send_lease=9.5, hold_lease=3.0)
+    total = get_settings().providers["stub"].timeouts.total  # the suite's: 6 s
+    settings = get_settings().with_(send_concurrency=1, send_lease=total + 5.0, hold_lease=3.0)
     service = Service.from_settings(settings)
     moves: dict[tuple[int, str], float] = {}
 
@@ -174,35 +177,62 @@ def test_a_row_waiting_for_the_send_pool_is_taken_only_when_its_send_starts(
     finally:
         events.remove_hook(seen)
         service.close()
-    assert [(r.action, r.status) for r in results] == [(Action.DONE, "sent")] * 3
-    assert stub.effects() == {"late-0": 1, "late-1": 1, "late-2": 1}
+    assert [(r.action, r.status, r.code) for r in results] == [
+        (Action.DONE, "sent", None),
+        (Action.DONE, "sent", None),
+        (Action.PARKED, "pending", "SEND_LATE"),
+    ]
+    assert stub.effects() == {"late-0": 1, "late-1": 1}
     taken = [moves[(message_id, "sending")] for message_id, _ in pairs]
-    sent = [moves[(message_id, "sent")] for message_id, _ in pairs]
-    assert taken[2] - taken[0] >= 4.5, taken  # the third waited for the first two
-    for took, done in zip(taken, sent, strict=True):
-        assert 2.4 <= done - took < settings.hold_lease, (took, done)  # its own call only
+    assert max(taken) - min(taken) < 0.5, taken  # one take for the batch
+    assert moves[(pairs[2][0], "pending")] - taken[2] >= 4.5  # given back when its turn came
     with clean.connect() as conn:
-        rows = conn.execute(select(messages_table.c.status, messages_table.c.attempts)).all()
-    assert sorted(tuple(row) for row in rows) == [("sent", 1)] * 3
+        rows = conn.execute(
+            select(
+                messages_table.c.key,
+                messages_table.c.status,
+                messages_table.c.attempts,
+                messages_table.c.max_attempts,
+                messages_table.c.last_error_code,
+                messages_table.c.lease_expires_at,
+            ).order_by(messages_table.c.id)
+        ).all()
+        logged = conn.execute(select(attempts_table.c.message_id)).scalars().all()
+    budget = rows[0].max_attempts
+    assert [tuple(row) for row in rows] == [
+        ("late-0", "sent", 1, budget, None, None),
+        ("late-1", "sent", 1, budget, None, None),
+        ("late-2", "pending", 1, budget + 1, "SEND_LATE", None),
+    ]
+    assert sorted(logged) == sorted([pairs[0][0], pairs[1][0]])  # no call, no attempt row
 
 
 @pytest.mark.integration
-def test_batches_side_by_side_take_their_rows_in_waves_of_half_the_send_slots(
+def test_batches_side_by_side_take_their_rows_once_and_send_in_waves(
     clean: Engine, stub: Any
 ) -> None:
     """Four batches at once in one process (a threads pool) share its 8 send slots: each
-    takes its rows (one UPDATE per wave) in waves of at least half the slots, taken together,
-    and only a batch's last rows may go in a smaller wave; no batch holds a few idle slots
-    and sends in waves of one or two. Every message is sent once."""
+    takes all its rows in one UPDATE, and asks the breaker in waves of at least half the
+    slots, taken together; only a batch's last rows may go in a smaller wave, so no batch
+    holds a few idle slots and sends in waves of one or two. Every message is sent once."""
     stub.set_faults(delay_ms=30)
     pairs = _dispatched(clean, [{"key": f"side-{i}", "recipient": OK} for i in range(48)])
     service = Service.from_settings(get_settings().with_(send_concurrency=8))
+    takes: list[int] = []
     waves: list[int] = []
+    breaker = service.breaker("stub")
+    allow_many = breaker.allow_many
+
+    def counted(n: int) -> Any:
+        waves.append(n)
+        return allow_many(n)
+
+    breaker.allow_many = counted  # type: ignore[method-assign]
 
     @event.listens_for(service.engine, "before_cursor_execute")
     def count(conn: Any, cursor: Any, statement: str, parameters: Any, *_: Any) -> None:
         if isinstance(parameters, dict) and "b_lease" in parameters:  # the take
-            waves.append(len(parameters["ids"]))
+            takes.append(len(parameters["ids"]))
 
     start = threading.Barrier(4)
     answers: list[list[Any]] = [[] for _ in range(4)]
@@ -221,6 +251,7 @@ def test_batches_side_by_side_take_their_rows_in_waves_of_half_the_send_slots(
         service.close()
     assert [r.action for rs in answers for r in rs] == [Action.DONE] * 48
     assert stub.effects() == {key: 1 for _, key in pairs}
+    assert takes == [12] * 4
     assert sum(waves) == 48
     assert len([n for n in waves if n < 4]) <= 4, waves  # one per batch at most
 

@@ -17,10 +17,16 @@ In order, each step only once the previous one let the message through:
    has not left when the breaker opens is parked, not sent: an outage costs the run that
    trips it, one send per slot already under way and the probes (docs/concepts.md,
    "Circuit breaker").
-4. ``admit``: the take: ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit for
-   the sends that start together, durable *before* a request leaves (G2), with a lease of
-   ``hold_lease`` s that the worker's lease keeper renews while the call runs, up to
-   ``send_lease`` (``delivery.sending.leases``). A row someone else moved is not sent.
+4. ``admit``: the take: ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit,
+   durable *before* a request leaves (G2), with a lease of ``hold_lease`` s that the worker's
+   lease keeper renews while the task holds the row, up to ``send_lease``
+   (``delivery.sending.leases``). A row someone else moved is not sent. The first wave of a
+   task takes, in the same statement, the task's later rows of every provider whose breaker
+   let the wave through (taken ahead), so a batch costs one take, not one per wave; a row
+   taken ahead still asks the breaker when its turn comes, and is given back (``sending`` ->
+   ``pending``, its attempt given back) if the breaker refuses it then or if its call could
+   no longer end within its lease (``SEND_LATE``, due at once). A killed worker's rows taken
+   ahead go, like its calls in flight, to their ``on_unknown`` policy ``hold_lease`` s later.
 5. ``call``: a row flagged ``needs_lookup`` is looked up first if its provider can be asked
    (``supports_lookup``); otherwise it is sent again with the same key. The call goes through
    ``delivery.providers.calls`` (any exception or stray value becomes an outcome, bounded and
@@ -35,7 +41,7 @@ from __future__ import annotations
 import datetime as dt
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from sqlalchemy import Row
@@ -50,24 +56,29 @@ from delivery.runtime.service import Service
 from delivery.sending.settle import Sent, after_lookup, probe_wait
 from delivery.transitions import Action, Result, Sending
 from delivery.transitions.recovery import EXPIRED
-from delivery.transitions.worker import Leave, extend_lease, leave, take
+from delivery.transitions.worker import Leave, extend_lease, give_back, leave, take
 
 __all__ = [
     "CIRCUIT_OPEN",
     "EXPIRED",
     "PROVIDER_NOT_CONFIGURED",
     "RATE_LIMITED",
+    "SEND_LATE",
+    "Admitted",
     "Clock",
+    "Entry",
     "Taken",
     "admit",
     "breaker_verdict",
     "call",
     "check",
+    "entry_id",
 ]
 
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
 PROVIDER_NOT_CONFIGURED = "PROVIDER_NOT_CONFIGURED"
 RATE_LIMITED = "RATE_LIMITED"
+SEND_LATE = "SEND_LATE"
 
 _TAKEN = Result(Action.SKIP, reason="taken by another worker")
 
@@ -86,11 +97,22 @@ class Clock:
 
 @dataclass(frozen=True, slots=True)
 class Taken:
-    """A row taken for its attempt, with its breaker permit: what ``call`` sends."""
+    """A row taken for its attempt (``msg``); ``start_by``: the last moment (``time.monotonic``)
+    its call may start and still end within its lease; ``permit``: its breaker permit, once the
+    breaker let its call start (``None``: taken ahead, waiting for a send slot)."""
 
     row: Row[Any]
     msg: Sending
-    permit: Permit
+    start_by: float
+    permit: Permit | None = None
+
+
+#: A row of the task not yet admitted: as read (not taken yet), or taken ahead.
+Entry = Row[Any] | Taken
+
+
+def entry_id(entry: Entry) -> int:
+    return entry.row.id if isinstance(entry, Taken) else int(entry.id)
 
 
 def check(service: Service, row: Row[Any], clock: Clock) -> Result | None:
@@ -114,46 +136,99 @@ def check(service: Service, row: Row[Any], clock: Clock) -> Result | None:
     return None
 
 
+@dataclass(slots=True)
+class Admitted:
+    """What ``admit`` decided: the ``Result`` of each row that is done for now (parked, given
+    back, or moved by someone else), the sends that start now, and the rows taken ahead."""
+
+    results: dict[int, Result]
+    sends: list[Taken]
+    ahead: dict[int, Taken]
+
+
 def admit(
-    service: Service, rows: Sequence[Row[Any]], clock: Clock
-) -> tuple[dict[int, Result], list[Taken]]:
-    """Steps 3 and 4 for ``rows``, sends that start now (one per free send slot, so that a
-    permit is never held by a send that waits): the breaker asked once per provider for its
-    rows (in half-open, the first is the probe), the refused ones parked, the others taken in
-    one committed UPDATE. The ``Result`` of each row not taken, and the rows taken."""
+    service: Service, wave: Sequence[Entry], clock: Clock, ahead: Sequence[Entry] = ()
+) -> Admitted:
+    """Steps 3 and 4 for ``wave``, the sends that start now (one per free send slot, so that a
+    permit is never held by a send that waits).
+
+    The breaker is asked once per provider for its rows of the wave (in half-open, the first
+    is the probe). A refused row is parked (taken ahead: given back), no attempt spent; a row
+    taken ahead whose call could no longer end within its lease is given back, due now. The
+    others are taken in one committed UPDATE, together with the rows of ``ahead`` (the task's
+    later rows) whose provider's breaker just let this wave through: a task of one provider
+    takes all its rows in its first wave's statement, and each later wave only asks the
+    breaker. A row someone else moved meanwhile is not sent."""
     results: dict[int, Result] = {}
-    allowed: list[tuple[Row[Any], Permit]] = []
-    by_provider: dict[str, list[Row[Any]]] = {}
-    for row in rows:
-        by_provider.setdefault(row.provider, []).append(row)
+    allowed: list[tuple[Entry, Permit]] = []
+    late: list[Taken] = []
+    healthy: set[str] = set()
+    by_provider: dict[str, list[Entry]] = {}
+    for entry in wave:
+        row = entry.row if isinstance(entry, Taken) else entry
+        by_provider.setdefault(row.provider, []).append(entry)
     now = clock.now()
     for provider, mine in by_provider.items():
-        for row, permit in zip(mine, service.breaker(provider).allow_many(len(mine)), strict=True):
-            if permit.allowed:
-                allowed.append((row, permit))
+        breaker = service.breaker(provider)
+        for entry, permit in zip(mine, breaker.allow_many(len(mine)), strict=True):
+            if not permit.allowed:
+                results[entry_id(entry)] = _circuit_open(service, entry, permit, now)
+            elif isinstance(entry, Taken) and time.monotonic() > entry.start_by:
+                breaker.release(permit)
+                late.append(entry)
             else:
-                results[row.id] = _circuit_open(service, row, permit, now)
-    if not allowed:
-        return results, []
-    # Short: the worker renews it while the call runs, up to send_lease after this take
-    # (delivery.sending.leases); a killed worker's send comes back in seconds.
-    lease = clock.now() + dt.timedelta(seconds=service.settings.hold_lease)
-    with service.autocommit.connect() as conn:  # one UPDATE, committed when it returns (G2)
-        taken = take(conn, [row for row, _ in allowed], lease)
-    sends: list[Taken] = []
-    for row, permit in allowed:
-        if row.id in taken:
-            sends.append(Taken(row, _in_flight(service, row, row.attempts + 1), permit))
-        else:
-            service.breaker(row.provider).release(permit)
-            results[row.id] = _TAKEN
-    return results, sends
+                allowed.append((entry, permit))
+                healthy.add(provider)
+    sends = [replace(e, permit=p) for e, p in allowed if isinstance(e, Taken)]
+    fresh = [(e, p) for e, p in allowed if not isinstance(e, Taken)]
+    later = [e for e in ahead if not isinstance(e, Taken) and e.provider in healthy]
+    held: dict[int, Taken] = {}
+    if fresh or later:
+        taken = _take(service, [e for e, _ in fresh] + later, clock)
+        for row, permit in fresh:
+            if row.id in taken:
+                sends.append(replace(taken[row.id], permit=permit))
+            else:
+                service.breaker(row.provider).release(permit)
+                results[row.id] = _TAKEN
+        for row in later:
+            if row.id in taken:
+                held[row.id] = taken[row.id]
+            else:
+                results[row.id] = _TAKEN
+    for t in late:
+        results[t.row.id] = _too_late(service, t, now)
+    return Admitted(results, sends, held)
+
+
+def _take(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[int, Taken]:
+    """``dispatched`` -> ``sending`` for ``rows`` in one UPDATE, committed when it returns
+    (G2): the rows taken, by id."""
+    settings = service.settings
+    # Short: the worker renews it while the task holds it, up to send_lease after this take
+    # (delivery.sending.leases), every hold_lease / 3 s; so it surely lasts until
+    # send_lease - hold_lease / 3 after it (timed from before the statement: never later than
+    # the database's). A killed worker's rows come back in seconds.
+    lease = clock.now() + dt.timedelta(seconds=settings.hold_lease)
+    lasts = time.monotonic() + settings.send_lease - settings.hold_lease / 3
+    with service.autocommit.connect() as conn:
+        ids = take(conn, rows, lease)
+    return {
+        row.id: Taken(
+            row,
+            _in_flight(service, row, row.attempts + 1),
+            lasts - settings.providers[row.provider].timeouts.total,
+        )
+        for row in rows
+        if row.id in ids
+    }
 
 
 def call(service: Service, taken: Taken) -> Result | Sent:
     """Step 5: the lookup if the row needs one, then the send, recorded in the breaker: the
     call made (``Sent``, to settle), or the ``Result`` its lookup settled."""
     row, msg, permit = taken.row, taken.msg, taken.permit
+    assert permit is not None, "admit gives every send its permit"
     breaker = service.breaker(row.provider)
     provider = service.provider(row.provider)
     envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
@@ -242,16 +317,35 @@ def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime
     )
 
 
-def _circuit_open(service: Service, row: Row[Any], permit: Permit, now: dt.datetime) -> Result:
-    """Park a ``dispatched`` row as ``pending`` until the breaker's next probe (plus jitter),
-    without spending an attempt."""
+def _circuit_open(service: Service, entry: Entry, permit: Permit, now: dt.datetime) -> Result:
+    """Park a row the breaker refused as ``pending`` until the breaker's next probe (plus
+    jitter), without spending an attempt: a ``dispatched`` row leaves, one taken ahead is
+    given back."""
+    row = entry.row if isinstance(entry, Taken) else entry
     wait = probe_wait(service, permit.retry_at)
     due = now + dt.timedelta(seconds=wait)
     reason = (
         f"circuit breaker of provider {row.provider!r} is {permit.state}; "
         f"next try at {due.isoformat(timespec='seconds')}"
     )
-    leave = Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
-    if not _leave_dispatched(service, row, leave, next_attempt_at=due):
+    why = Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
+    if isinstance(entry, Taken):
+        with service.autocommit.connect() as conn:
+            parked = give_back(conn, entry.msg, why, due)
+    else:
+        parked = _leave_dispatched(service, row, why, next_attempt_at=due)
+    if not parked:
         return _TAKEN
     return Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)
+
+
+def _too_late(service: Service, taken: Taken, now: dt.datetime) -> Result:
+    """A row taken ahead whose turn came too late for its call to end within its lease (a slow
+    provider held every send slot): given back, due now, instead of racing the sweeper, which
+    hands an expired ``sending`` row to its ``on_unknown`` policy."""
+    reason = "its call could not start in time to end within its lease; not made"
+    why = Leave(Status.PENDING, "send_late", SEND_LATE, reason, 0.0)
+    with service.autocommit.connect() as conn:
+        if not give_back(conn, taken.msg, why, now):
+            return _TAKEN
+    return Result(Action.PARKED, Status.PENDING, 0.0, SEND_LATE, reason)

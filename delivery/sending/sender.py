@@ -10,8 +10,9 @@ a message alone is a batch of one.
 2. Each other message makes its attempt (``delivery.sending.attempt``: checks, rate limit,
    circuit breaker, the take committed before the request leaves, the call) on this
    process's send pool, ``send_concurrency`` in flight; a message alone runs on the task's
-   own thread. Messages are admitted (breaker, take) only as send slots free up, so a send
-   that has not left when the breaker opens is parked, not sent, however long the batch.
+   own thread. The task's rows are taken in one statement with its first wave; each message
+   asks the breaker only as a send slot frees up for it, so a send that has not left when
+   the breaker opens is parked, not sent, however long the batch.
 3. ``settle.after_sends`` applies the outcomes, together: every delivery of the batch in one
    statement with its attempt rows (sooner if the first has waited ``hold_lease / 2`` s),
    each other outcome in its own transaction.
@@ -19,8 +20,9 @@ a message alone is a batch of one.
 The answer is a ``Result`` per pair, whose ``action`` is one of the closed set ``Action``
 (``delivery.transitions``). A batch that fails midway leaves each message where a
 message alone would be: ``dispatched`` (not yet taken: the redelivered task, or the relay
-after its lease, gives it to a worker again) or ``sending`` (taken: its worker stops renewing
-the lease, and the sweeper hands it to its ``on_unknown`` policy ``hold_lease`` s later).
+after its lease, gives it to a worker again) or ``sending`` (taken, its call made or not yet: its
+worker stops renewing the lease, and the sweeper hands it to its ``on_unknown`` policy
+``hold_lease`` s later).
 Nothing is lost; a second effect is only the provider's to dedupe.
 """
 
@@ -39,7 +41,7 @@ from delivery.core.clock import read_with_clock
 from delivery.core.models import messages_table
 from delivery.core.status import Status
 from delivery.runtime.service import Service
-from delivery.sending.attempt import Clock, Taken, admit, call, check
+from delivery.sending.attempt import Clock, Entry, Taken, admit, call, check, entry_id
 from delivery.sending.settle import Sent, after_sends
 from delivery.transitions import Action, Result
 
@@ -134,46 +136,53 @@ def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[
     Each row is checked (``attempt.check``); the others are admitted (breaker, take) only as
     send slots free up, in waves of at least half the pool's slots (or all it still needs),
     taken together from the slots every task of the process shares, and sent on the send
-    pool, so a taken row never waits for a thread and a permit never outlives the moment its
-    request leaves by more than a statement. A message alone, or every message
-    when there is no pool, is sent on the task's own thread. The calls made are settled
-    together, at the end or once the first has waited ``hold_lease / 2`` s, so a taken row
-    waits in ``sending`` within its lease however long the batch. An attempt that raised is
-    raised once every other has finished (and been settled)."""
+    pool, so a permit never outlives the moment its request leaves by more than a statement.
+    The first wave takes the task's later rows too (``attempt.admit``: taken ahead); each later
+    wave only asks the breaker. A message alone, or every message when there is no pool, is
+    sent on the task's own thread. The calls made are settled together, at the end or once the
+    first has waited ``hold_lease / 2`` s, so a taken row waits in ``sending`` within its lease
+    however long the batch. An attempt that raised is raised once every other has finished
+    (and been settled)."""
     results: dict[int, Result] = {}
-    waiting: list[Row[Any]] = []
+    queue: list[Entry] = []
     for row in rows:
         checked = check(service, row, clock)
         if checked is None:
-            waiting.append(row)
+            queue.append(row)
         else:
             results[row.id] = checked
     made = _Made(service, results)
+
+    def admit_wave(size: int) -> list[Taken]:
+        nonlocal queue
+        wave, queue = queue[:size], queue[size:]
+        admitted = admit(service, wave, clock, queue)
+        results.update(admitted.results)
+        if admitted.results or admitted.ahead:
+            done, ahead = admitted.results, admitted.ahead
+            queue = [ahead.get(entry_id(e), e) for e in queue if entry_id(e) not in done]
+        return admitted.sends
+
     if len(rows) <= 1 or service.settings.send_concurrency <= 1:
-        for row in waiting:
-            answers, sends = admit(service, [row], clock)
-            results |= answers
-            made.add([(t.row.id, call(service, t)) for t in sends])
+        while queue:
+            made.add([(t.row.id, call(service, t)) for t in admit_wave(1)])
             made.settle()
         return results
     pool, slots = send_pool(service.settings.send_concurrency)
     running: set[Future[tuple[int, Result | Sent]]] = set()
     error: BaseException | None = None
-    queue = list(reversed(waiting))
     enough = max(1, min(service.settings.send_concurrency // 2, slots.size))
     while queue or running:
         # With calls of its own in flight the task waits for them (below); with none, for slots.
         least, wait_for = min(len(queue), enough), 0 if running else made.wait(None)
         free = slots.take(least, len(queue), wait_for) if queue else 0
         if free:
-            wave = [queue.pop() for _ in range(free)]
             try:
-                answers, sends = admit(service, wave, clock)
+                sends = admit_wave(free)
             except BaseException:
                 slots.release(free)
                 raise
-            results |= answers
-            slots.release(len(wave) - len(sends))
+            slots.release(free - len(sends))
             running |= {pool.submit(_call, service, slots, t) for t in sends}
         if running:
             timeout = made.wait(0.05 if queue else None)

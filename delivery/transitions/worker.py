@@ -9,8 +9,9 @@ fenced on the status and attempt count its worker saw (``fence.move``) and each 
 - ``finish_sent``: ``sending`` -> ``sent`` for one accepted call or many (a delivery, or a
   lookup that found the message) with their attempt rows, in one statement;
 - ``stop``: ``sending`` -> ``dead`` or ``unknown``; ``park``: ``sending`` -> ``dispatched``
-  (a short retry) or ``pending`` (a long one); ``renew``: a ``sending`` row's lease, after a
-  lookup that found nothing.
+  (a short retry) or ``pending`` (a long one); ``give_back``: ``sending`` -> ``pending`` for a
+  row taken whose call was never made, its attempt given back; ``renew``: a ``sending`` row's
+  lease, after a lookup that found nothing.
 
 Every code and reason stored comes from an outcome or a constant of ours, already bounded
 (``delivery.core.bounds``).
@@ -54,6 +55,7 @@ __all__ = [
     "Leave",
     "extend_lease",
     "finish_sent",
+    "give_back",
     "leave",
     "park",
     "renew",
@@ -209,6 +211,23 @@ def stop(conn: Connection, msg: Sending, failure: Failure) -> bool:
     event = _Event(failure.outcome, failure.code)
     values = dict(lease_expires_at=None, last_error_code=failure.code, last_error=failure.reason)
     return _finish(conn, msg, failure.final, event, **values)
+
+
+def give_back(conn: Connection, msg: Sending, why: Leave, due: dt.datetime) -> bool:
+    """``sending`` -> ``why.to`` (``pending``, due at ``due``) for a row taken whose call was
+    never made (its breaker opened before its turn came, or the call could no longer end
+    within its lease), fenced on this attempt; False if someone else moved it. No call was
+    made, so the event has no outcome (the metrics count no attempt) and the attempt is given
+    back: ``max_attempts`` + 1, as for a 409 in progress, since the attempt count (the fence)
+    never goes back."""
+    values = dict(
+        max_attempts=msg.max_attempts + 1,
+        lease_expires_at=None,
+        next_attempt_at=due,
+        last_error_code=why.code,
+        last_error=why.reason,
+    )
+    return _finish(conn, msg, why.to, _Event(None, why.code, why.delay), **values)
 
 
 def _announce(msg: Sending, to: Status, event: _Event) -> None:
