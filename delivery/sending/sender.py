@@ -32,7 +32,8 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import ThreadPoolExecutor
+from queue import Empty, SimpleQueue
 from typing import Any
 
 from sqlalchemy import Row, bindparam, select
@@ -144,38 +145,41 @@ def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[
     however long the batch. An attempt that raised is raised once every other has finished
     (and been settled)."""
     results: dict[int, Result] = {}
-    queue: list[Entry] = []
+    todo: list[Entry] = []
     for row in rows:
         checked = check(service, row, clock)
         if checked is None:
-            queue.append(row)
+            todo.append(row)
         else:
             results[row.id] = checked
     made = _Made(service, results)
 
     def admit_wave(size: int) -> list[Taken]:
-        nonlocal queue
-        wave, queue = queue[:size], queue[size:]
-        admitted = admit(service, wave, clock, queue)
+        nonlocal todo
+        wave, todo = todo[:size], todo[size:]
+        admitted = admit(service, wave, clock, todo)
         results.update(admitted.results)
         if admitted.results or admitted.ahead:
             done, ahead = admitted.results, admitted.ahead
-            queue = [ahead.get(entry_id(e), e) for e in queue if entry_id(e) not in done]
+            todo = [ahead.get(entry_id(e), e) for e in todo if entry_id(e) not in done]
         return admitted.sends
 
     if len(rows) <= 1 or service.settings.send_concurrency <= 1:
-        while queue:
+        while todo:
             made.add([(t.row.id, call(service, t)) for t in admit_wave(1)])
             made.settle()
         return results
     pool, slots = send_pool(service.settings.send_concurrency)
-    running: set[Future[tuple[int, Result | Sent]]] = set()
+    # The calls answer on a queue of the task's own (not ``concurrent.futures.wait``, whose
+    # waiter on every future in flight cost more than the send's own bookkeeping).
+    answers: SimpleQueue[tuple[int, Result | Sent] | BaseException] = SimpleQueue()
+    running = 0
     error: BaseException | None = None
     enough = max(1, min(service.settings.send_concurrency // 2, slots.size))
-    while queue or running:
+    while todo or running:
         # With calls of its own in flight the task waits for them (below); with none, for slots.
-        least, wait_for = min(len(queue), enough), 0 if running else made.wait(None)
-        free = slots.take(least, len(queue), wait_for) if queue else 0
+        least, wait_for = min(len(todo), enough), 0 if running else made.wait(None)
+        free = slots.take(least, len(todo), wait_for) if todo else 0
         if free:
             try:
                 sends = admit_wave(free)
@@ -183,15 +187,21 @@ def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[
                 slots.release(free)
                 raise
             slots.release(free - len(sends))
-            running |= {pool.submit(_call, service, slots, t) for t in sends}
+            for t in sends:
+                pool.submit(_call, service, slots, t, answers)
+            running += len(sends)
         if running:
-            timeout = made.wait(0.05 if queue else None)
-            done, running = wait(running, timeout=timeout, return_when=FIRST_COMPLETED)
-            for future in done:
-                if future.exception() is None:
-                    made.add([future.result()])
+            try:
+                answer = answers.get(timeout=made.wait(0.05 if todo else None))
+            except Empty:
+                answer = None
+            while answer is not None:
+                running -= 1
+                if isinstance(answer, BaseException):
+                    error = error or answer
                 else:
-                    error = error or future.exception()
+                    made.add([answer])
+                answer = answers.get_nowait() if not answers.empty() else None
         if made.due():
             made.settle()
     made.settle()
@@ -277,8 +287,16 @@ def deliver_many(
     return out
 
 
-def _call(service: Service, slots: Slots, taken: Taken) -> tuple[int, Result | Sent]:
+def _call(
+    service: Service,
+    slots: Slots,
+    taken: Taken,
+    answers: SimpleQueue[tuple[int, Result | Sent] | BaseException],
+) -> None:
+    """``attempt.call`` on a send thread; its answer (or what it raised) goes on ``answers``."""
     try:
-        return taken.row.id, call(service, taken)
+        answers.put((taken.row.id, call(service, taken)))
+    except BaseException as exc:
+        answers.put(exc)
     finally:
         slots.release()
