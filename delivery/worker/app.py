@@ -71,7 +71,9 @@ class DeliveryCelery(Celery):  # type: ignore[misc]
             task_track_started=True,
             worker_prefetch_multiplier=4,
             worker_send_task_events=True,
-            task_send_sent_event=True,
+            # Celery's default: a task-sent event is a second broker round trip inside the
+            # app's commit() for every nudge (docs/deployment.md, "Celery settings").
+            task_send_sent_event=False,
             result_extended=False,
         )
         if settings.broker_url.startswith("filesystem"):

@@ -3,8 +3,8 @@
 ``publish(claims)`` sends the tasks of claimed rows through Celery's own ``apply_async``, so
 whatever watches Celery's publishing sees them as it sees any task: ``before_task_publish``
 and ``after_task_publish`` fire for each (OpenTelemetry's and Sentry's Celery integrations
-record the producer side and link it to the worker's), Flower gets a ``task-sent`` event
-(``task_send_sent_event``), and the ``task_routes`` you configure are honoured. A task
+record the producer side and link it to the worker's), and the ``task_routes`` you configure
+are honoured (``task-sent`` events stay off, Celery's default: docs/deployment.md). A task
 carries message ids and keys only, never a recipient or a payload: its args, its
 ``argsrepr`` header and its events name nothing else.
 
