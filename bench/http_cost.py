@@ -2,9 +2,13 @@
 
 - ``httpx``: ``httpx.Client.post`` on httpx's default transport, the body read whole and its
   JSON parsed (what the Celery-alone task does);
-- ``adapter``: ``HttpProvider.send``, the shipped path: ``PooledClient._exchange`` streaming
-  the request through its ``httpx.Client`` (the same transport), the body read within the
-  limit and the deadline, the outcome classified.
+- ``adapter``: ``HttpProvider.send``, the shipped path: ``PooledClient._exchange`` building
+  the request from what it merged once (URL, headers) and handing it to its
+  ``httpx.HTTPTransport`` (no ``httpx.Client``), the body streamed within the limit and the
+  deadline, the outcome classified;
+- ``transport``: the floor on that transport: an ``httpx.Request`` built per POST (JSON body,
+  the timeout extension) handed to ``httpx.HTTPTransport.handle_request``, the body read whole
+  and its JSON parsed: what is left when every layer of ours and of the Client is gone.
 
 Sequential, one keep-alive connection each, in blocks of 500 interleaved for ``--rounds``
 rounds (the first dropped); the figure is the median ms of CPU (user + system, so the
@@ -16,6 +20,7 @@ kernel's loopback work is in it) per request. The stub is its own process.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import time
 from collections.abc import Callable
@@ -26,6 +31,7 @@ from bench.common import STUB_URL, median, report, row, session
 from delivery.config.settings import ProviderConfig, Timeouts
 from delivery.core.outcomes import Delivered
 from delivery.providers.base import Envelope
+from delivery.providers.client import timeout
 from delivery.providers.http import HttpProvider
 
 BLOCK = 500
@@ -35,6 +41,9 @@ def _ways() -> dict[str, Callable[[int], object]]:
     config = ProviderConfig("stub", "http", STUB_URL, Timeouts())
     plain = httpx.Client(base_url=STUB_URL, headers={"User-Agent": "celery-alone/0.1"})
     adapter = HttpProvider(config)
+    bare = httpx.HTTPTransport()
+    url = httpx.URL(f"{STUB_URL}/v1/messages")
+    timeouts = timeout(config.timeouts).as_dict()
     run = f"{os.getpid()}-{time.time_ns()}"
 
     def envelope(way: str, i: int) -> Envelope:
@@ -46,9 +55,27 @@ def _ways() -> dict[str, Callable[[int], object]]:
         r = plain.post("/v1/messages", json=body, headers={"Idempotency-Key": key})
         return Delivered(r.json()["id"], r.status_code) if r.status_code == 201 else r
 
+    def post_bare(i: int) -> object:
+        key = f"transport-{run}-{i}"
+        body = json.dumps({"to": "+12015550123", "body": f"code {i}"}, separators=(",", ":"))
+        request = httpx.Request(
+            "POST",
+            url,
+            headers={"Idempotency-Key": key, "Content-Type": "application/json"},
+            content=body.encode(),
+            extensions={"timeout": dict(timeouts)},
+        )
+        r = bare.handle_request(request)
+        try:
+            content = r.read()
+        finally:
+            r.close()
+        return Delivered(json.loads(content)["id"], r.status_code) if r.status_code == 201 else r
+
     return {
         "httpx": post_plain,
         "adapter": lambda i: adapter.send(envelope("adapter", i)),
+        "transport": post_bare,
     }
 
 
@@ -91,7 +118,15 @@ def main() -> None:
             None,
             f"{ms['adapter']:.3f} ms; {where}",
             f"httpx.Client.post {ms['httpx']:.3f} ms",
-        )
+        ),
+        row(
+            "CPU per POST: the adapter's path vs the bare transport (the floor)",
+            ms["adapter"] / ms["transport"],
+            "(cost)",
+            None,
+            f"{ms['adapter']:.3f} ms; {where}",
+            f"httpx.HTTPTransport.handle_request {ms['transport']:.3f} ms",
+        ),
     ]
     report("http_cost", figures, rows)
 

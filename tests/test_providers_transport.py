@@ -1,10 +1,12 @@
 """The adapters' client (``PooledClient``) on httpx's own transport, against real sockets:
 keep-alive and its limits, every way an exchange can fail classified by phase (not sent, or
-unknown), bounded answers, no cookies or redirects, TLS, and a proxy from the environment.
-The server side is a scripted socket server per test."""
+unknown), bounded answers, no cookies or redirects, TLS, a proxy from the environment, and the
+request itself: what ``httpx.Client`` would have sent, though it is built without one. The
+server side is a scripted socket server per test."""
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import gzip
 import socket
@@ -18,10 +20,11 @@ import httpx
 import pytest
 
 from delivery.config.settings import ProviderConfig, Timeouts
-from delivery.core.outcomes import Delivered, Permanent, Retryable, Unknown
+from delivery.core.outcomes import Delivered, Found, Permanent, Retryable, Unknown
 from delivery.providers.base import Envelope
-from delivery.providers.client import BODY_LIMIT, PooledClient
+from delivery.providers.client import BODY_LIMIT, USER_AGENT, PooledClient, proxy_for
 from delivery.providers.http import HttpProvider
+from delivery.providers.twilio import TwilioProvider
 from delivery.providers.webhook import WebhookProvider
 
 ENVELOPE = Envelope("k-1", "sms", "+12015550123", {"body": "hi"})
@@ -358,6 +361,185 @@ def test_a_webhook_connects_directly_whatever_the_proxy(
     assert hooks.send(envelope) == Delivered(None, 204)
     hooks.close()
     assert len(receiver.requests) == 1 and proxy.requests == []
+
+
+def _no_proxy_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("http_proxy", "https_proxy", "all_proxy", "no_proxy"):
+        monkeypatch.delenv(name, raising=False)
+        monkeypatch.delenv(name.upper(), raising=False)
+
+
+def test_no_proxy_goes_direct_and_the_proxy_is_chosen_when_the_adapter_is_built(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``NO_PROXY`` naming the provider's host sends directly (``proxy_bypass``); the
+    environment is read once, when the adapter is built: an adapter built with a proxy keeps
+    it after the variable is gone, one built before it was set never uses it."""
+    proxy = serve(keep_answering(CREATED))
+    direct = serve(keep_answering(CREATED))
+    _no_proxy_env(monkeypatch)
+    before = provider(direct.port)
+    monkeypatch.setenv("HTTP_PROXY", f"127.0.0.1:{proxy.port}")  # no scheme: http://
+    monkeypatch.setenv("NO_PROXY", "example.com, 127.0.0.1")
+    bypassed = provider(direct.port)
+    monkeypatch.delenv("NO_PROXY")
+    proxied = provider(direct.port)
+    monkeypatch.delenv("HTTP_PROXY")
+    for p in (before, bypassed, proxied):
+        assert p.send(ENVELOPE) == Delivered("msg_1", 201)
+        p.close()
+    assert len(direct.requests) == 2
+    assert [r.split(b"\r\n")[0] for r in proxy.requests] == [
+        f"POST http://127.0.0.1:{direct.port}/v1/messages HTTP/1.1".encode()
+    ]
+
+
+@pytest.mark.parametrize(
+    ("env", "url", "expected"),
+    [
+        (
+            {"HTTPS_PROXY": "http://p:1", "HTTP_PROXY": "http://q:2"},
+            "https://a.example",
+            "http://p:1",
+        ),
+        ({"HTTP_PROXY": "http://q:2"}, "https://a.example", None),
+        (
+            {"ALL_PROXY": "socks5://s:3", "HTTP_PROXY": "http://q:2"},
+            "https://a.example",
+            "socks5://s:3",
+        ),
+        ({"HTTP_PROXY": "q:2"}, "http://a.example:8080", "http://q:2"),
+        ({"HTTP_PROXY": "http://q:2", "NO_PROXY": ".example"}, "http://a.example", None),
+        ({"HTTP_PROXY": "http://q:2", "NO_PROXY": "*"}, "http://a.example", None),
+        ({"HTTP_PROXY": "http://q:2", "NO_PROXY": "b.example"}, "http://a.example", "http://q:2"),
+        ({"HTTP_PROXY": "http://q:2"}, None, None),
+    ],
+)
+def test_the_proxy_for_a_base_url(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], url: str | None, expected: str | None
+) -> None:
+    """The scheme's proxy, else ``ALL_PROXY``, unless ``NO_PROXY`` names the host; none for
+    an adapter without a base URL."""
+    _no_proxy_env(monkeypatch)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    assert proxy_for(url) == expected
+
+
+def _head(request: bytes) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
+    head, _, body = request.partition(b"\r\n\r\n")
+    line, *fields = head.split(b"\r\n")
+    pairs = [tuple(f.split(b": ", 1)) for f in fields]
+    return line, sorted((k.lower(), v) for k, v in pairs), body  # type: ignore[misc]
+
+
+def test_the_request_is_what_httpx_client_would_send(
+    serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Built without ``httpx.Client``, a send and a lookup carry what the Client built from
+    the same settings carries: the URL under a base URL with a path, the headers (httpx's
+    defaults, ours, the credentials, the key; one of each), the compact JSON body and its
+    length; the lookup's query."""
+    server = serve(keep_answering(CREATED))
+    monkeypatch.setenv("T_KEY", "s3cr3t")
+    base = f"http://127.0.0.1:{server.port}/api"
+    config = ProviderConfig("p", "http", base, Timeouts(), api_key_env="T_KEY")
+    p = HttpProvider(config)
+    envelope = Envelope("k-1", "sms", "+12015550123", {"body": "héllo", "n": [1, 2.5, None]})
+    assert p.send(envelope) == Delivered("msg_1", 201)
+    assert isinstance(p.lookup(envelope), Found)
+    p.close()
+    client = httpx.Client(
+        base_url=base,
+        headers={
+            "User-Agent": USER_AGENT,
+            "Accept-Encoding": "gzip, deflate",
+            "Authorization": "Bearer s3cr3t",
+        },
+    )
+    expected = [
+        client.build_request(
+            "POST",
+            "/v1/messages",
+            json={"to": envelope.to, **envelope.payload},
+            headers={"Idempotency-Key": "k-1"},
+        ),
+        client.build_request("GET", "/v1/messages", params={"idempotency_key": "k-1"}),
+    ]
+    client.close()
+    assert len(server.requests) == 2
+    for sent, built in zip(server.requests, expected, strict=True):
+        line, headers, body = _head(sent)
+        target = built.url.raw_path
+        assert line == built.method.encode() + b" " + target + b" HTTP/1.1"
+        assert headers == sorted((k.lower(), v) for k, v in built.headers.raw)
+        assert body == built.read()
+    assert server.requests[0].split(b"\r\n")[0] == b"POST /api/v1/messages HTTP/1.1"
+
+
+def test_an_adapters_header_replaces_the_default_and_a_form_is_encoded(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Twilio's ``Accept: application/json`` replaces httpx's ``*/*`` (one ``Accept``), its
+    basic credentials and form body go as the Client sent them."""
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(201, json={"sid": "SM1"})
+
+    monkeypatch.setenv("T_TOKEN", "tok")
+    sid = "AC" + "0" * 32
+    options = {"account_sid": sid, "auth_token_env": "T_TOKEN", "from_number": "+15005550006"}
+    config = ProviderConfig("t", "twilio", "https://api.example", Timeouts(), options=options)
+    p = TwilioProvider(config, httpx.MockTransport(answer))
+    assert p.send(Envelope("k", "sms", "+12015550123", {"body": "a b&c"})) == Delivered("SM1", 201)
+    p.close()
+    [request] = seen
+    assert request.headers.get_list("accept") == ["application/json"]
+    assert (
+        request.headers["authorization"]
+        == "Basic " + base64.b64encode(f"{sid}:tok".encode()).decode()
+    )
+    assert request.headers["content-type"] == "application/x-www-form-urlencoded"
+    assert request.content == b"To=%2B12015550123&From=%2B15005550006&Body=a+b%26c"
+    assert request.headers["content-length"] == str(len(request.content))
+
+
+def test_the_timeouts_travel_in_the_request_and_the_body_reads_get_what_is_left() -> None:
+    """Each phase's timeout is in the request's ``timeout`` extension (as httpx's Client puts
+    it, and httpcore reads it); once the headers are in, the read timeout of the body is cut
+    to what is left of the exchange's deadline."""
+    seen: list[dict[str, float]] = []
+    live: list[dict[str, float]] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(dict(request.extensions["timeout"]))
+        live.append(request.extensions["timeout"])
+        time.sleep(0.5)
+        return httpx.Response(201, content=iter([b'{"id": "msg_1"}']))
+
+    t = Timeouts(connect=0.1, read=5.0, write=0.2, pool=0.3)  # the deadline: 5.6 s
+    config = ProviderConfig("p", "http", "http://127.0.0.1:9", t)
+    p = HttpProvider(config, httpx.MockTransport(answer))
+    assert p.send(ENVELOPE) == Delivered("msg_1", 201)
+    assert seen == [{"connect": 0.1, "read": 5.0, "write": 0.2, "pool": 0.3}]
+    assert 4.0 < live[0]["read"] < 5.15  # 5.6 s less the 0.5 s the headers took
+    p.send(ENVELOPE)
+    assert seen[1] == seen[0]  # each request has its own
+
+
+def test_a_transport_error_carries_its_request() -> None:
+    """As ``httpx.Client`` raises them: the error's ``request`` is the one that failed."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    p = provider(port)
+    with pytest.raises(httpx.ConnectError) as caught:
+        p._exchange("GET", "/v1/messages", params={"idempotency_key": "k-1"})
+    assert str(caught.value.request.url) == (
+        f"http://127.0.0.1:{port}/v1/messages?idempotency_key=k-1"
+    )
 
 
 def test_an_answer_open_while_the_client_closes_ends_and_closes_its_connection(
