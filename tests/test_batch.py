@@ -158,9 +158,10 @@ def test_a_row_taken_ahead_is_given_back_when_its_call_could_outlast_its_lease(
     breaker when a send slot frees up for it. A row taken ahead whose call could no longer end
     within its lease (here: one send at a time, each answered in 2.5 s; the lease keeper
     renews a row up to ``send_lease`` after its take, and the provider's whole timeout must
-    fit after the call starts: here 4 s after the take at most) is given back, not sent: ``pending`` due at
-    once, ``SEND_LATE``, its attempt given back (``max_attempts`` + 1), instead of racing the
-    sweeper, which hands a ``sending`` row past its lease to another worker."""
+    fit after the call starts: here 4 s after the take at most) is given back, not sent:
+    ``pending`` due at once, ``SEND_LATE``, its attempt given back (``max_attempts`` + 1),
+    instead of racing the sweeper, which hands a ``sending`` row past its lease to another
+    worker."""
     stub.set_faults(delay_ms=2500)
     pairs = _dispatched(clean, [{"key": f"late-{i}", "recipient": OK} for i in range(3)])
     total = get_settings().providers["stub"].timeouts.total  # the suite's: 6 s
