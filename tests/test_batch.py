@@ -165,7 +165,11 @@ def test_a_row_taken_ahead_is_given_back_when_its_call_could_outlast_its_lease(
     stub.set_faults(delay_ms=2500)
     pairs = _dispatched(clean, [{"key": f"late-{i}", "recipient": OK} for i in range(3)])
     total = get_settings().providers["stub"].timeouts.total  # the suite's: 6 s
-    settings = get_settings().with_(send_concurrency=1, send_lease=total + 5.0, hold_lease=3.0)
+    # No lease keeper here: hold_lease outlasts the batch, so that no sweeper takes a row.
+    hold = 10.0
+    settings = get_settings().with_(
+        send_concurrency=1, send_lease=total + hold / 3 + 4.0, hold_lease=hold
+    )
     service = Service.from_settings(settings)
     moves: dict[tuple[int, str], float] = {}
 

@@ -9,7 +9,8 @@ task id and ``delivery.deliver`` as its name: ``task-received`` and ``task-start
 sends, then ``task-succeeded`` (``sent``, or ``skipped: ...``), ``task-dead-lettered`` and
 ``task-failed`` (``DeadLettered`` naming the code), ``task-parked``, or ``task-retried`` with
 its countdown. They are buffered and published together (two ``task.multi`` messages per
-batch), and only when the worker sends task events (``worker_send_task_events``). A
+batch, from the process's events thread, in order: the batch never waits for them), and only
+when the worker sends task events (``worker_send_task_events``). A
 message the batch must retry shortly (rate limit, a countdown of at most ``max_countdown``)
 is republished as its own ``delivery.deliver`` task with that countdown and the key as task
 id, exactly like a single task's retry; the batch task itself never retries.
@@ -24,6 +25,7 @@ import os
 import threading
 import time
 from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from celery import Celery, Task
@@ -117,15 +119,37 @@ class _Events:
         self.flush()
 
     def flush(self) -> None:
-        """Publish the buffered events in one message (a failure is logged: events are a
-        view, never a reason to fail a delivery)."""
+        """Publish the buffered events in one message, on this process's events thread, in
+        order, so that neither publish waits in the batch's path (the sends start as soon as
+        the rows are read; the next task starts while the last events go out). A failure is
+        logged: events are a view, never a reason to fail a delivery."""
         if not self.buffer:
             return
         events, self.buffer = self.buffer, []
-        try:
-            _publish(self.task.app, self.task.request.hostname, events)
-        except Exception as exc:
-            log.warning("could not send the events of batch %s: %r", self.task.request.id, exc)
+        app, request = self.task.app, self.task.request
+        _events_thread().submit(_publish_logged, app, request.hostname, request.id, events)
+
+
+def _publish_logged(
+    app: Celery, hostname: str, batch: str, events: Sequence[tuple[str, dict[str, Any]]]
+) -> None:
+    try:
+        _publish(app, hostname, events)
+    except Exception as exc:
+        log.warning("could not send the events of batch %s: %r", batch, exc)
+
+
+_thread: tuple[int, ThreadPoolExecutor] | None = None
+_thread_lock = threading.Lock()
+
+
+def _events_thread() -> ThreadPoolExecutor:
+    """This process's one thread that publishes batches' events (made again after a fork)."""
+    global _thread
+    with _thread_lock:
+        if _thread is None or _thread[0] != os.getpid():
+            _thread = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="delivery-events"))
+        return _thread[1]
 
 
 def _retry(task: Task, message_id: int, key: str, result: Result, attempts: int) -> None:
