@@ -215,14 +215,7 @@ class _Pass:
 
 def _relay_group(one: _Pass, priorities: Sequence[str] | None, room: int | None) -> int:
     """``relay_once`` for the rows of ``priorities`` (``None``: all), ``room`` at most."""
-    engine, publish, batch, lease, ids, now = (
-        one.engine,
-        one.publish,
-        one.batch,
-        one.lease,
-        one.ids,
-        one.now,
-    )
+    engine, batch = one.engine, one.batch
     total = 0
     for _ in range(one.max_batches):
         limit = batch if room is None else min(batch, room - total)
@@ -233,18 +226,23 @@ def _relay_group(one: _Pass, priorities: Sequence[str] | None, room: int | None)
         with engine.connect() as connection:
             connection.execution_options(isolation_level="AUTOCOMMIT")
             claims = claim(
-                connection, limit=limit, lease=lease, ids=ids, now=now, priorities=priorities
+                connection,
+                limit=limit,
+                lease=one.lease,
+                ids=one.ids,
+                now=one.now,
+                priorities=priorities,
             )
             # Under READ COMMITTED a claim can come back short, even empty, when the rows it
             # picked were claimed by another relay meanwhile: stop only when no due row is
             # left that nobody holds.
-            left = bool(claims) or _any_due(connection, ids, now, priorities)
+            left = bool(claims) or _any_due(connection, one.ids, one.now, priorities)
         if not left:
             break
         if not claims:
             continue
         try:
-            publish(claims)
+            one.publish(claims)
         except Exception:
             with engine.begin() as connection:
                 release(connection, claims)
