@@ -106,23 +106,18 @@ def watch_command(interval: float, once: bool, as_json: bool) -> None:
     try:
         with open_engine(settings) as engine:
             snapshot = _snapshot(engine, settings, breakers, None)
-            if once:
-                if as_json:
-                    echo_json(snapshot)
-                else:
-                    console.print(_watch_view(snapshot))
-                return
-            if as_json:
+            if once or as_json or not console.is_terminal:
+                # One frame, or JSON lines, or no terminal to redraw in (a pipe, a file, a
+                # service's log): print each frame as it comes, so the output shows up now,
+                # not at Ctrl-C.
                 while True:
-                    echo_json(snapshot)
-                    time.sleep(interval)
-                    snapshot = _snapshot(engine, settings, breakers, snapshot)
-            if not console.is_terminal:
-                # No terminal to redraw in (a pipe, a file, a service's log): print each
-                # frame as it comes, so the output shows up now, not at Ctrl-C.
-                while True:
-                    console.print(_watch_view(snapshot))
-                    console.file.flush()
+                    if as_json:
+                        echo_json(snapshot)
+                    else:
+                        console.print(_watch_view(snapshot))
+                        console.file.flush()
+                    if once:
+                        return
                     time.sleep(interval)
                     snapshot = _snapshot(engine, settings, breakers, snapshot)
             with Live(_watch_view(snapshot), console=console, auto_refresh=False) as live:

@@ -16,7 +16,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from delivery.core import bounds
@@ -153,13 +153,19 @@ def dead(
     ``since`` keeps those updated at or after it; ``code`` those whose ``last_error_code`` is
     exactly it; at most ``limit`` are returned.
     """
-    query = select(Message).where(Message.status == Status.DEAD.value)
+    query = _dead(select(Message), since, code)
+    query = query.order_by(Message.updated_at.desc(), Message.id.desc()).limit(limit)
+    return list(session.scalars(query))
+
+
+def _dead(query: Select[Any], since: dt.datetime | None, code: str | None) -> Select[Any]:
+    """``query`` kept to dead messages, ``since`` and ``code`` as ``dead`` takes them."""
+    query = query.where(Message.status == Status.DEAD.value)
     if since is not None:
         query = query.where(Message.updated_at >= since)
     if code is not None:
         query = query.where(Message.last_error_code == code)
-    query = query.order_by(Message.updated_at.desc(), Message.id.desc()).limit(limit)
-    return list(session.scalars(query))
+    return query
 
 
 def show(session: Session, ref: str) -> tuple[Message, list[Attempt]]:
@@ -175,12 +181,7 @@ def dead_ids(
     session: Session, *, since: dt.datetime | None = None, code: str | None = None
 ) -> list[int]:
     """The ids of every dead message (oldest id first), filtered like ``dead``."""
-    query = select(Message.id).where(Message.status == Status.DEAD.value)
-    if since is not None:
-        query = query.where(Message.updated_at >= since)
-    if code is not None:
-        query = query.where(Message.last_error_code == code)
-    return list(session.scalars(query.order_by(Message.id)))
+    return list(session.scalars(_dead(select(Message.id), since, code).order_by(Message.id)))
 
 
 def _iso(value: dt.datetime | None) -> str | None:
