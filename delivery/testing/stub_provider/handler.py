@@ -146,7 +146,9 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return None
 
-    def _route(self, method: str) -> None:
+    def _route(self) -> None:
+        """Every method's handler (``do_GET``, ``do_POST``, ...): ``self.command`` is the method."""
+        method = self.command
         path, _, query = self.path.partition("?")
         if path == "/v1/messages":
             if method == "POST":
@@ -160,20 +162,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(error(404, "NOT_FOUND"))
 
-    def do_GET(self) -> None:
-        self._route("GET")
-
-    def do_POST(self) -> None:
-        self._route("POST")
-
-    def do_PUT(self) -> None:
-        self._route("PUT")
-
-    def do_DELETE(self) -> None:
-        self._route("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._route("PATCH")
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _route
 
     # --- provider API ---------------------------------------------------------------------------
 
