@@ -16,13 +16,13 @@ from delivery.cli.common import (
     age,
     binding,
     cell,
-    current_settings,
     echo_json,
     host_port_options,
     new_console,
     new_table,
     open_engine,
 )
+from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
 from delivery.core.models import utcnow
 from delivery.guards.breaker import Breakers
@@ -100,7 +100,7 @@ def watch_command(interval: float, once: bool, as_json: bool) -> None:
     Refreshes every --interval seconds until Ctrl-C. Without a terminal (a pipe, a log) it
     prints one frame per refresh; --json prints one JSON line per refresh.
     """
-    settings = current_settings()
+    settings = load_settings()
     breakers = None if settings.redis_url is None else Breakers(settings)
     console = new_console()
     try:
@@ -145,7 +145,7 @@ def metrics_command(host: str, port: int) -> None:
 
     from delivery.observability.metrics import breaker_reader, exporter_registry
 
-    settings = current_settings()
+    settings = load_settings()
     with open_engine(settings) as engine:
         breakers = None if settings.redis_url is None else Breakers(settings)
         reader = None if breakers is None else breaker_reader(breakers)
