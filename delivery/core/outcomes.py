@@ -223,16 +223,11 @@ def classify_response(
         what = "a non-JSON body" if body is None else f"no {ref_field!r}"
         return Unknown("NO_PROVIDER_REF", f"HTTP {status} with {what}", status)
     code = _code(body, status)
-    if status in RETRYABLE_STATUS or (status >= 500 and status != 501):
+    busy = status == 409 and code == "IDEMPOTENCY_IN_PROGRESS"
+    if busy or status in RETRYABLE_STATUS or (status >= 500 and status != 501):
+        reason = "the provider is still processing this key" if busy else _reason(body, response)
         retry_after = parse_retry_after(response.headers.get("retry-after"))
-        return Retryable(code, _reason(body, response), status, retry_after)
-    if status == 409 and code == "IDEMPOTENCY_IN_PROGRESS":
-        return Retryable(
-            code,
-            "the provider is still processing this key",
-            status,
-            parse_retry_after(response.headers.get("retry-after")),
-        )
+        return Retryable(code, reason, status, retry_after)
     return Permanent(code, _reason(body, response), status)
 
 

@@ -48,7 +48,11 @@ _MAX_ID = 2**63 - 1
 def stats(session: Session) -> dict[str, int]:
     """The number of messages in every status, in ``Status`` order, zeros included."""
     rows = session.execute(select(Message.status, func.count()).group_by(Message.status)).all()
-    counts = {str(status): int(count) for status, count in rows}
+    return _every_status({str(status): int(count) for status, count in rows})
+
+
+def _every_status(counts: dict[str, int]) -> dict[str, int]:
+    """``counts`` by status in ``Status`` order, zeros included."""
     return {status.value: counts.get(status.value, 0) for status in Status}
 
 
@@ -63,10 +67,7 @@ def stats_by_provider(session: Session) -> dict[str, dict[str, int]]:
     found: dict[str, dict[str, int]] = {}
     for provider, status, count in rows:
         found.setdefault(str(provider), {})[str(status)] = int(count)
-    return {
-        provider: {status.value: counts.get(status.value, 0) for status in Status}
-        for provider, counts in sorted(found.items())
-    }
+    return {provider: _every_status(counts) for provider, counts in sorted(found.items())}
 
 
 def oldest_pending_age(session: Session, *, now: dt.datetime | None = None) -> float | None:
@@ -102,23 +103,17 @@ def rates(
     (accepted by the provider), ``dead`` (died), and ``attempts`` (provider calls)."""
     now = now or utcnow()
     since = now - dt.timedelta(seconds=window)
-    counts = {
-        "enqueued": session.scalar(
-            select(func.count()).select_from(Message).where(Message.created_at >= since)
-        ),
-        "sent": session.scalar(
-            select(func.count()).select_from(Message).where(Message.sent_at >= since)
-        ),
-        "dead": session.scalar(
-            select(func.count())
-            .select_from(Message)
-            .where(Message.status == Status.DEAD.value, Message.updated_at >= since)
-        ),
-        "attempts": session.scalar(
-            select(func.count()).select_from(Attempt).where(Attempt.started_at >= since)
-        ),
+    where: dict[str, tuple[Any, ...]] = {
+        "enqueued": (Message, Message.created_at >= since),
+        "sent": (Message, Message.sent_at >= since),
+        "dead": (Message, Message.status == Status.DEAD.value, Message.updated_at >= since),
+        "attempts": (Attempt, Attempt.started_at >= since),
     }
-    return {name: round(int(n or 0) * 60.0 / window, 2) for name, n in counts.items()}
+    found = {}
+    for name, (table, *conditions) in where.items():
+        n = session.scalar(select(func.count()).select_from(table).where(*conditions))
+        found[name] = round(int(n or 0) * 60.0 / window, 2)
+    return found
 
 
 def _aware(value: dt.datetime) -> dt.datetime:

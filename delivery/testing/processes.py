@@ -84,6 +84,9 @@ class ServiceProcess:
         self.stop()
         raise RuntimeError(f"{self.name} did not start (looked for {self.ready!r}):\n{tail}")
 
+    def output(self) -> str:
+        return self.log.read_text(errors="replace") if self.log.exists() else ""
+
     @property
     def pid(self) -> int:
         assert self.proc is not None
