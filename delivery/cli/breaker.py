@@ -10,12 +10,12 @@ import redis
 
 from delivery.cli.common import (
     cell,
-    current_settings,
     echo_json,
     new_console,
     new_table,
     open_session,
 )
+from delivery.config.loading import load_settings
 from delivery.errors import ConfigError
 from delivery.guards.breaker import Breakers
 from delivery.ops.audit import cli_actor
@@ -32,7 +32,7 @@ def breaker_group() -> None:
 @contextmanager
 def _breakers() -> Iterator[Breakers]:
     """The configured providers' breakers on the shared Redis; exit 2 if there is none."""
-    settings = current_settings()
+    settings = load_settings()
     if settings.redis_url is None:
         raise ConfigError(
             "DELIVERY_REDIS_URL",

@@ -48,7 +48,6 @@ __all__ = [
     "age",
     "binding",
     "cell",
-    "current_settings",
     "echo",
     "echo_json",
     "host_port_options",
@@ -79,7 +78,7 @@ class DeliveryGroup(click.Group):
             ctx.exit(2)
         except (OperationalError, ProgrammingError) as exc:
             try:
-                url: str | None = current_settings().database_url  # read fine a moment ago
+                url: str | None = load_settings().database_url  # read fine a moment ago
             except DeliveryError:
                 url = None
             echo(f"error: {database_error(exc, url)}", err=True)
@@ -164,14 +163,10 @@ def since_callback(
     return None if value is None else parse_since(value)
 
 
-def current_settings() -> Settings:
-    return load_settings()
-
-
 @contextmanager
 def open_engine(settings: Settings | None = None) -> Iterator[Engine]:
     """An engine on the configured outbox, disposed on exit."""
-    engine = make_engine((settings or current_settings()).database_url)
+    engine = make_engine((settings or load_settings()).database_url)
     try:
         yield engine
     finally:

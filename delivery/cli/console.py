@@ -10,7 +10,8 @@ import os
 
 import click
 
-from delivery.cli.common import binding, current_settings, host_port_options, require_extra
+from delivery.cli.common import binding, host_port_options, require_extra
+from delivery.config.loading import load_settings
 
 __all__ = ["console_command"]
 
@@ -30,7 +31,7 @@ def console_command(host: str, port: int) -> None:
     from delivery.console.server import make_console_server, serve
 
     users = parse_users(os.environ)
-    app = create_app(settings=current_settings(), users=users)
+    app = create_app(settings=load_settings(), users=users)
     with binding(host, port):
         server = make_console_server(app, host, port)
     serve(

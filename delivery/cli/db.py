@@ -7,9 +7,9 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
 from delivery.cli.common import (
-    current_settings,
     open_engine,
 )
+from delivery.config.loading import load_settings
 from delivery.runtime.db import (
     current_revision,
     database_error,
@@ -28,7 +28,7 @@ def db() -> None:
 @db.command("upgrade")
 def db_upgrade() -> None:
     """Create or migrate the outbox tables to the newest revision; print what was applied."""
-    settings = current_settings()
+    settings = load_settings()
     url = make_url(settings.database_url).render_as_string(hide_password=True)
     with open_engine(settings) as engine:
         try:

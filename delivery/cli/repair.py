@@ -28,14 +28,7 @@ __all__ = ["cancel_command", "redrive_command", "resolve_command"]
 
 def _redrive_row(result: ops.RedriveResult, would: bool | None = None) -> dict[str, Any]:
     """One result as JSON; a dry run says ``would_redrive`` and never ``redriven: true``."""
-    row = {
-        "ref": result.ref,
-        "id": result.id,
-        "key": result.key,
-        "from_status": result.from_status,
-        "redriven": result.redriven,
-        "reason": result.reason,
-    }
+    row: dict[str, Any] = asdict(result)
     if would is not None:
         row["would_redrive"] = would
     return row
@@ -72,33 +65,24 @@ def redrive_command(
         _redrive_all_dead(since, code, dry_run, as_json)
         return
     rows: list[dict[str, Any]] = []
-    would: dict[str, bool] = {}
     with open_session() as session:
         for ref in refs:
+            would = None
             try:
                 if dry_run:
                     message = ops.find(session, ref)
-                    ok = message.status in ops.REDRIVABLE
-                    reason = None if ok else f"message is {message.status}"
+                    would = message.status in ops.REDRIVABLE
+                    reason = None if would else f"message is {message.status}"
                     result = ops.RedriveResult(
                         ref, message.id, message.key, message.status, False, reason
                     )
-                    would[ref] = ok
                 else:
                     (result,) = ops.redrive(session, [ref], actor=ops.cli_actor())
             except MessageNotFound as exc:
-                rows.append(
-                    {
-                        "ref": ref,
-                        "id": None,
-                        "key": None,
-                        "from_status": None,
-                        "redriven": False,
-                        "reason": str(exc),
-                    }
-                )
+                unknown = dict.fromkeys(("id", "key", "from_status"))
+                rows.append({"ref": ref, **unknown, "redriven": False, "reason": str(exc)})
             else:
-                rows.append(_redrive_row(result, would.get(ref) if dry_run else None))
+                rows.append(_redrive_row(result, would))
         if not dry_run:
             session.commit()
     if as_json:

@@ -16,13 +16,13 @@ from delivery.cli.common import (
     age,
     binding,
     cell,
-    current_settings,
     echo_json,
     host_port_options,
     new_console,
     new_table,
     open_engine,
 )
+from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
 from delivery.core.models import utcnow
 from delivery.guards.breaker import Breakers
@@ -100,29 +100,24 @@ def watch_command(interval: float, once: bool, as_json: bool) -> None:
     Refreshes every --interval seconds until Ctrl-C. Without a terminal (a pipe, a log) it
     prints one frame per refresh; --json prints one JSON line per refresh.
     """
-    settings = current_settings()
+    settings = load_settings()
     breakers = None if settings.redis_url is None else Breakers(settings)
     console = new_console()
     try:
         with open_engine(settings) as engine:
             snapshot = _snapshot(engine, settings, breakers, None)
-            if once:
-                if as_json:
-                    echo_json(snapshot)
-                else:
-                    console.print(_watch_view(snapshot))
-                return
-            if as_json:
+            if once or as_json or not console.is_terminal:
+                # One frame, or JSON lines, or no terminal to redraw in (a pipe, a file, a
+                # service's log): print each frame as it comes, so the output shows up now,
+                # not at Ctrl-C.
                 while True:
-                    echo_json(snapshot)
-                    time.sleep(interval)
-                    snapshot = _snapshot(engine, settings, breakers, snapshot)
-            if not console.is_terminal:
-                # No terminal to redraw in (a pipe, a file, a service's log): print each
-                # frame as it comes, so the output shows up now, not at Ctrl-C.
-                while True:
-                    console.print(_watch_view(snapshot))
-                    console.file.flush()
+                    if as_json:
+                        echo_json(snapshot)
+                    else:
+                        console.print(_watch_view(snapshot))
+                        console.file.flush()
+                    if once:
+                        return
                     time.sleep(interval)
                     snapshot = _snapshot(engine, settings, breakers, snapshot)
             with Live(_watch_view(snapshot), console=console, auto_refresh=False) as live:
@@ -150,7 +145,7 @@ def metrics_command(host: str, port: int) -> None:
 
     from delivery.observability.metrics import breaker_reader, exporter_registry
 
-    settings = current_settings()
+    settings = load_settings()
     with open_engine(settings) as engine:
         breakers = None if settings.redis_url is None else Breakers(settings)
         reader = None if breakers is None else breaker_reader(breakers)

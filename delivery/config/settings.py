@@ -19,9 +19,7 @@ __all__ = [
     "CHANNELS",
     "DEFAULT_HOME",
     "DEFAULT_STUB_URL",
-    "ON_REDIS_ERROR",
     "PRIORITIES",
-    "PROVIDER_KINDS",
     "Backoff",
     "BreakerConfig",
     "Channel",
@@ -39,8 +37,6 @@ Priority = Literal["urgent", "normal", "bulk"]
 OnRedisError = Literal["local", "allow"]
 CHANNELS: tuple[str, ...] = get_args(Channel)
 PRIORITIES: tuple[str, ...] = get_args(Priority)
-ON_REDIS_ERROR: tuple[str, ...] = get_args(OnRedisError)
-PROVIDER_KINDS = ("http", "pigeon", "twilio", "webhook")  # built in; see delivery.providers
 DEFAULT_HOME = ".delivery"
 DEFAULT_STUB_URL = "http://127.0.0.1:9090"
 

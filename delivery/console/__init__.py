@@ -24,26 +24,6 @@ May import: ``delivery.ops``, ``delivery.config``, ``delivery.runtime``, ``deliv
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
-
 from delivery.console.auth import Users, parse_users
-from delivery.errors import ConfigError
 
-if TYPE_CHECKING:
-    from flask import Flask
-
-__all__ = ["INSTALL_HINT", "Users", "create_app", "parse_users"]
-
-INSTALL_HINT = "pip install 'delivery-outbox[console]'"
-
-
-def create_app(**options: Any) -> Flask:
-    """``delivery.console.app.create_app``, or ``ConfigError`` naming the pip extra when Flask
-    is not installed."""
-    try:
-        from delivery.console.app import create_app as build
-    except ModuleNotFoundError as exc:  # pragma: no cover - depends on the environment
-        if exc.name and exc.name.split(".")[0] in ("flask", "werkzeug", "jinja2"):
-            raise ConfigError("console", f"needs Flask: {INSTALL_HINT}") from None
-        raise
-    return build(**options)
+__all__ = ["Users", "parse_users"]

@@ -1,5 +1,5 @@
 """What a page reaches during a request: the console's shared state, this request's database
-session, and the audit actor of the signed-in user."""
+session, the audit actor of the signed-in user, and the ``before`` id of a keyset page."""
 
 from __future__ import annotations
 
@@ -8,15 +8,16 @@ import threading
 import time
 from collections.abc import Callable
 
-from flask import g
+from flask import g, request
 from sqlalchemy.orm import Session, sessionmaker
 
 from delivery.config.settings import Settings
 from delivery.console.auth import Users
 from delivery.console.csrf import Csrf
 from delivery.console.jobs import Jobs
+from delivery.errors import InvalidFilter
 
-__all__ = ["ConsoleState", "TimedCache", "actor", "db", "state"]
+__all__ = ["ConsoleState", "TimedCache", "actor", "before", "db", "state"]
 
 
 class TimedCache:
@@ -81,3 +82,12 @@ def db() -> Session:
 def actor() -> str:
     """The audit actor of this request: ``console:<user>``."""
     return f"console:{g.user}"
+
+
+def before(what: str) -> int | None:
+    """This request's ``before`` (the keyset of the next page): an id, or None when absent;
+    ``InvalidFilter`` saying it ``is not {what}`` otherwise."""
+    text = request.args.get("before", "").strip()
+    if text and not text.isdigit():
+        raise InvalidFilter("before", f"is not {what}")
+    return int(text) if text else None

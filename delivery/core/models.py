@@ -35,7 +35,6 @@ __all__ = [
     "Message",
     "UTCDateTime",
     "attempts_table",
-    "audit_table",
     "messages_table",
     "utcnow",
 ]
@@ -198,4 +197,3 @@ class AuditEntry(Base):
 #: The Core tables, for the hot paths (relay, sender, sweeper) that skip the ORM.
 messages_table = cast(Table, Message.__table__)
 attempts_table = cast(Table, Attempt.__table__)
-audit_table = cast(Table, AuditEntry.__table__)

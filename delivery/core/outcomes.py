@@ -56,31 +56,32 @@ __all__ = [
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 
 
-def _bound(outcome: Any, *, code: bool = False, reason: bool = False, ref: bool = False) -> None:
-    """Make an outcome's provider-controlled fields storable, in place (it is being built)."""
-    status = outcome.http_status
-    if status is not None and not (isinstance(status, int) and 100 <= status <= 999):
-        object.__setattr__(outcome, "http_status", None)
-    if code:
-        object.__setattr__(outcome, "code", bounds.code(outcome.code))
-    if reason:
-        object.__setattr__(outcome, "reason", bounds.text(outcome.reason))
-    if ref:
-        object.__setattr__(outcome, "provider_ref", bounds.ref(outcome.provider_ref))
+_FIELDS = (("code", bounds.code), ("reason", bounds.text), ("provider_ref", bounds.ref))
+
+
+class _Bounded:
+    """Every outcome class: its provider-controlled fields made storable as it is built."""
+
+    __slots__ = ()
+
+    def __post_init__(self) -> None:
+        status = getattr(self, "http_status", None)
+        if status is not None and not (isinstance(status, int) and 100 <= status <= 999):
+            object.__setattr__(self, "http_status", None)
+        for name, bound in _FIELDS:
+            if hasattr(self, name):
+                object.__setattr__(self, name, bound(getattr(self, name)))
 
 
 @dataclass(frozen=True, slots=True)
-class Delivered:
+class Delivered(_Bounded):
     provider_ref: str | None
     http_status: int | None = None
     kind: str = "delivered"
 
-    def __post_init__(self) -> None:
-        _bound(self, ref=True)
-
 
 @dataclass(frozen=True, slots=True)
-class Retryable:
+class Retryable(_Bounded):
     code: str
     reason: str
     http_status: int | None = None
@@ -88,72 +89,54 @@ class Retryable:
     kind: str = "retryable"
 
     def __post_init__(self) -> None:
-        _bound(self, code=True, reason=True)
+        super(Retryable, self).__post_init__()
         object.__setattr__(self, "retry_after", bounds.delay(self.retry_after))
 
 
 @dataclass(frozen=True, slots=True)
-class Permanent:
+class Permanent(_Bounded):
     code: str
     reason: str
     http_status: int | None = None
     kind: str = "permanent"
 
-    def __post_init__(self) -> None:
-        _bound(self, code=True, reason=True)
-
 
 @dataclass(frozen=True, slots=True)
-class Unknown:
+class Unknown(_Bounded):
     code: str
     reason: str
     http_status: int | None = None
     kind: str = "unknown"
 
-    def __post_init__(self) -> None:
-        _bound(self, code=True, reason=True)
-
 
 @dataclass(frozen=True, slots=True)
-class Found:
+class Found(_Bounded):
     provider_ref: str | None
     http_status: int | None = 200
     kind: str = "found"
 
-    def __post_init__(self) -> None:
-        _bound(self, ref=True)
-
 
 @dataclass(frozen=True, slots=True)
-class Absent:
+class Absent(_Bounded):
     http_status: int | None = 404
     kind: str = "absent"
 
-    def __post_init__(self) -> None:
-        _bound(self)
-
 
 @dataclass(frozen=True, slots=True)
-class LookupFailed:
+class LookupFailed(_Bounded):
     code: str
     reason: str
     http_status: int | None = None
     kind: str = "lookup_failed"
 
-    def __post_init__(self) -> None:
-        _bound(self, code=True, reason=True)
-
 
 @dataclass(frozen=True, slots=True)
-class Undeliverable:
+class Undeliverable(_Bounded):
     code: str
     reason: str
     provider_ref: str | None = None
     http_status: int | None = 200
     kind: str = "undeliverable"
-
-    def __post_init__(self) -> None:
-        _bound(self, code=True, reason=True, ref=True)
 
 
 Outcome = Delivered | Retryable | Permanent | Unknown
@@ -240,16 +223,11 @@ def classify_response(
         what = "a non-JSON body" if body is None else f"no {ref_field!r}"
         return Unknown("NO_PROVIDER_REF", f"HTTP {status} with {what}", status)
     code = _code(body, status)
-    if status in RETRYABLE_STATUS or (status >= 500 and status != 501):
+    busy = status == 409 and code == "IDEMPOTENCY_IN_PROGRESS"
+    if busy or status in RETRYABLE_STATUS or (status >= 500 and status != 501):
+        reason = "the provider is still processing this key" if busy else _reason(body, response)
         retry_after = parse_retry_after(response.headers.get("retry-after"))
-        return Retryable(code, _reason(body, response), status, retry_after)
-    if status == 409 and code == "IDEMPOTENCY_IN_PROGRESS":
-        return Retryable(
-            code,
-            "the provider is still processing this key",
-            status,
-            parse_retry_after(response.headers.get("retry-after")),
-        )
+        return Retryable(code, reason, status, retry_after)
     return Permanent(code, _reason(body, response), status)
 
 

@@ -12,9 +12,9 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
-__all__ = ["Hooks", "Transition", "add_hook", "emit", "mask", "remove_hook"]
+__all__ = ["Hooks", "Transition", "add_hook", "emit", "emit_moved", "mask", "remove_hook"]
 
 log = logging.getLogger("delivery.events")
 T = TypeVar("T")
@@ -83,3 +83,15 @@ def emit(transition: Transition) -> None:
         fields = {k: v for k, v in asdict(transition).items() if v is not None}
         log.info(json.dumps({"event": "transition", **fields}, default=str))
     _hooks.call(transition)
+
+
+def emit_moved(
+    row: Any, from_status: str, to_status: str, outcome: str | None = None, code: str | None = None
+) -> None:
+    """``emit`` the move of ``row``, anything with the moved message's ``id``, ``key``,
+    ``provider`` and ``attempts`` (a ``RETURNING`` row, a relay's claim)."""
+    emit(
+        Transition(
+            row.id, row.key, row.provider, from_status, to_status, row.attempts, outcome, code
+        )
+    )

@@ -99,17 +99,7 @@ class AuditRow:
 
 
 def _row(entry: AuditEntry) -> AuditRow:
-    return AuditRow(
-        entry.id,
-        entry.at,
-        entry.actor,
-        entry.action,
-        entry.message_id,
-        entry.message_key,
-        entry.from_status,
-        entry.to_status,
-        entry.detail,
-    )
+    return AuditRow(**{name: getattr(entry, name) for name in AuditRow.__slots__})
 
 
 def entries(

@@ -16,7 +16,7 @@ import datetime as dt
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, or_, select
+from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from delivery.core import bounds
@@ -48,7 +48,11 @@ _MAX_ID = 2**63 - 1
 def stats(session: Session) -> dict[str, int]:
     """The number of messages in every status, in ``Status`` order, zeros included."""
     rows = session.execute(select(Message.status, func.count()).group_by(Message.status)).all()
-    counts = {str(status): int(count) for status, count in rows}
+    return _every_status({str(status): int(count) for status, count in rows})
+
+
+def _every_status(counts: dict[str, int]) -> dict[str, int]:
+    """``counts`` by status in ``Status`` order, zeros included."""
     return {status.value: counts.get(status.value, 0) for status in Status}
 
 
@@ -63,10 +67,7 @@ def stats_by_provider(session: Session) -> dict[str, dict[str, int]]:
     found: dict[str, dict[str, int]] = {}
     for provider, status, count in rows:
         found.setdefault(str(provider), {})[str(status)] = int(count)
-    return {
-        provider: {status.value: counts.get(status.value, 0) for status in Status}
-        for provider, counts in sorted(found.items())
-    }
+    return {provider: _every_status(counts) for provider, counts in sorted(found.items())}
 
 
 def oldest_pending_age(session: Session, *, now: dt.datetime | None = None) -> float | None:
@@ -102,23 +103,17 @@ def rates(
     (accepted by the provider), ``dead`` (died), and ``attempts`` (provider calls)."""
     now = now or utcnow()
     since = now - dt.timedelta(seconds=window)
-    counts = {
-        "enqueued": session.scalar(
-            select(func.count()).select_from(Message).where(Message.created_at >= since)
-        ),
-        "sent": session.scalar(
-            select(func.count()).select_from(Message).where(Message.sent_at >= since)
-        ),
-        "dead": session.scalar(
-            select(func.count())
-            .select_from(Message)
-            .where(Message.status == Status.DEAD.value, Message.updated_at >= since)
-        ),
-        "attempts": session.scalar(
-            select(func.count()).select_from(Attempt).where(Attempt.started_at >= since)
-        ),
+    where: dict[str, tuple[Any, ...]] = {
+        "enqueued": (Message, Message.created_at >= since),
+        "sent": (Message, Message.sent_at >= since),
+        "dead": (Message, Message.status == Status.DEAD.value, Message.updated_at >= since),
+        "attempts": (Attempt, Attempt.started_at >= since),
     }
-    return {name: round(int(n or 0) * 60.0 / window, 2) for name, n in counts.items()}
+    found = {}
+    for name, (table, *conditions) in where.items():
+        n = session.scalar(select(func.count()).select_from(table).where(*conditions))
+        found[name] = round(int(n or 0) * 60.0 / window, 2)
+    return found
 
 
 def _aware(value: dt.datetime) -> dt.datetime:
@@ -153,13 +148,19 @@ def dead(
     ``since`` keeps those updated at or after it; ``code`` those whose ``last_error_code`` is
     exactly it; at most ``limit`` are returned.
     """
-    query = select(Message).where(Message.status == Status.DEAD.value)
+    query = _dead(select(Message), since, code)
+    query = query.order_by(Message.updated_at.desc(), Message.id.desc()).limit(limit)
+    return list(session.scalars(query))
+
+
+def _dead(query: Select[Any], since: dt.datetime | None, code: str | None) -> Select[Any]:
+    """``query`` kept to dead messages, ``since`` and ``code`` as ``dead`` takes them."""
+    query = query.where(Message.status == Status.DEAD.value)
     if since is not None:
         query = query.where(Message.updated_at >= since)
     if code is not None:
         query = query.where(Message.last_error_code == code)
-    query = query.order_by(Message.updated_at.desc(), Message.id.desc()).limit(limit)
-    return list(session.scalars(query))
+    return query
 
 
 def show(session: Session, ref: str) -> tuple[Message, list[Attempt]]:
@@ -175,12 +176,7 @@ def dead_ids(
     session: Session, *, since: dt.datetime | None = None, code: str | None = None
 ) -> list[int]:
     """The ids of every dead message (oldest id first), filtered like ``dead``."""
-    query = select(Message.id).where(Message.status == Status.DEAD.value)
-    if since is not None:
-        query = query.where(Message.updated_at >= since)
-    if code is not None:
-        query = query.where(Message.last_error_code == code)
-    return list(session.scalars(query.order_by(Message.id)))
+    return list(session.scalars(_dead(select(Message.id), since, code).order_by(Message.id)))
 
 
 def _iso(value: dt.datetime | None) -> str | None:

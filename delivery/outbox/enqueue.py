@@ -32,7 +32,7 @@ from delivery.config.settings import Settings
 from delivery.core.models import Message, utcnow
 from delivery.core.status import Status
 from delivery.errors import IdempotencyConflict
-from delivery.observability.events import Transition, emit
+from delivery.observability.events import emit_moved
 from delivery.outbox.insert import insert_one
 from delivery.outbox.routing import route
 from delivery.outbox.validation import (
@@ -137,7 +137,7 @@ def publish_claimed(engine: Engine, claims: Sequence[Claim]) -> None:
     if not claims:
         return
     for c in claims:
-        emit(Transition(c.id, c.key, c.provider, Status.PENDING, Status.DISPATCHED, c.attempts))
+        emit_moved(c, Status.PENDING, Status.DISPATCHED)
     try:
         if _nudge is None:
             raise RuntimeError("no nudge is installed any more")

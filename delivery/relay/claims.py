@@ -11,6 +11,7 @@ returned to ``pending`` by the sweeper when its lease expires.
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -76,32 +77,28 @@ def _now(connection: Connection, now: dt.datetime | None) -> dt.datetime | None:
     return now
 
 
+@functools.cache
 def _due_statement(by_ids: bool, by_priority: bool, *, now: bool) -> Select[tuple[int]]:
     """The ids of due pending rows that no other transaction holds, oldest due first, with
     bound parameters (``due_limit``, ``due_ids``, ``due_priorities``, and ``due_now`` when
     ``now``; else the statement's own clock, PostgreSQL's ``statement_timestamp()``): one
     object per shape, so that SQLAlchemy builds and compiles it once."""
-    shape = (by_ids, by_priority, now)
-    stmt = _DUE.get(shape)
-    if stmt is None:
-        m = messages_table.c
-        # The status is rendered as a literal, so that every plan (a prepared statement's
-        # generic plan too) can prove the partial index ix_delivery_messages_due applies.
-        pending = literal(Status.PENDING.value, literal_execute=True)
-        clock = _clock(now)
-        due = and_(m.status == pending, m.next_attempt_at <= clock)
-        if by_ids:
-            due = and_(due, m.id.in_(bindparam("due_ids", expanding=True)))
-        if by_priority:
-            due = and_(due, m.priority.in_(bindparam("due_priorities", expanding=True)))
-        stmt = _DUE[shape] = (
-            select(m.id)
-            .where(due)
-            .order_by(m.next_attempt_at)
-            .limit(bindparam("due_limit", type_=Integer()))
-            .with_for_update(skip_locked=True)
-        )
-    return stmt
+    m = messages_table.c
+    # The status is rendered as a literal, so that every plan (a prepared statement's generic
+    # plan too) can prove the partial index ix_delivery_messages_due applies.
+    pending = literal(Status.PENDING.value, literal_execute=True)
+    due = and_(m.status == pending, m.next_attempt_at <= _clock(now))
+    if by_ids:
+        due = and_(due, m.id.in_(bindparam("due_ids", expanding=True)))
+    if by_priority:
+        due = and_(due, m.priority.in_(bindparam("due_priorities", expanding=True)))
+    return (
+        select(m.id)
+        .where(due)
+        .order_by(m.next_attempt_at)
+        .limit(bindparam("due_limit", type_=Integer()))
+        .with_for_update(skip_locked=True)
+    )
 
 
 def _clock(given: bool) -> Any:
@@ -113,8 +110,6 @@ def _clock(given: bool) -> Any:
 #: PostgreSQL's clock as the claim reads it: stable within the statement (so the due index
 #: applies), the database's (one clock for every host, as ``db_now``), no round trip.
 _STATEMENT_CLOCK = func.statement_timestamp(type_=UTCDateTime())
-_DUE: dict[tuple[bool, bool, bool], Select[tuple[int]]] = {}
-_CLAIMS: dict[tuple[str, bool, bool, bool], dict[str, Any]] = {}
 
 
 def claim(
@@ -145,28 +140,26 @@ def claim(
     return [Claim(r.id, r.key, r.priority, r.provider, r.attempts) for r in rows]
 
 
+@functools.cache
 def _claim_statement(dialect: str, by_ids: bool, by_priority: bool, now: bool) -> dict[str, Any]:
     """What ``claim``'s UPDATE (``transitions.relay.dispatch``) is made of, one object per
     shape (see ``_due_statement``)."""
+    m = messages_table.c
+    picked = _due_statement(by_ids, by_priority, now=now).scalar_subquery()
+    clock = _clock(now)
+    chosen: Any
+    until: Any
+    if dialect == "postgresql":
+        # ``= ANY(ARRAY(...))``: the picked ids are read first, then updated by primary key,
+        # so a batch costs the same however many rows are pending (``IN (...)`` plans a hash
+        # join over every pending row).
+        chosen = m.id == any_(func.array(picked))
+        until = clock + bindparam("lease_for", type_=Interval())
+    else:  # SQLite: the lease's end bound as computed, since it stores what it is given
+        chosen = m.id.in_(picked)
+        until = bindparam("lease_until", type_=UTCDateTime())
     shape = (dialect, by_ids, by_priority, now)
-    parts = _CLAIMS.get(shape)
-    if parts is None:
-        m = messages_table.c
-        picked = _due_statement(by_ids, by_priority, now=now).scalar_subquery()
-        clock = _clock(now)
-        chosen: Any
-        until: Any
-        if dialect == "postgresql":
-            # ``= ANY(ARRAY(...))``: the picked ids are read first, then updated by primary
-            # key, so a batch costs the same however many rows are pending (``IN (...)``
-            # plans a hash join over every pending row).
-            chosen = m.id == any_(func.array(picked))
-            until = clock + bindparam("lease_for", type_=Interval())
-        else:  # SQLite: the lease's end bound as computed, since it stores what it is given
-            chosen = m.id.in_(picked)
-            until = bindparam("lease_until", type_=UTCDateTime())
-        parts = _CLAIMS[shape] = dict(shape=shape, chosen=chosen, clock=clock, until=until)
-    return parts
+    return dict(shape=shape, chosen=chosen, clock=clock, until=until)
 
 
 def relay_once(
@@ -215,14 +208,7 @@ class _Pass:
 
 def _relay_group(one: _Pass, priorities: Sequence[str] | None, room: int | None) -> int:
     """``relay_once`` for the rows of ``priorities`` (``None``: all), ``room`` at most."""
-    engine, publish, batch, lease, ids, now = (
-        one.engine,
-        one.publish,
-        one.batch,
-        one.lease,
-        one.ids,
-        one.now,
-    )
+    engine, batch = one.engine, one.batch
     total = 0
     for _ in range(one.max_batches):
         limit = batch if room is None else min(batch, room - total)
@@ -233,18 +219,23 @@ def _relay_group(one: _Pass, priorities: Sequence[str] | None, room: int | None)
         with engine.connect() as connection:
             connection.execution_options(isolation_level="AUTOCOMMIT")
             claims = claim(
-                connection, limit=limit, lease=lease, ids=ids, now=now, priorities=priorities
+                connection,
+                limit=limit,
+                lease=one.lease,
+                ids=one.ids,
+                now=one.now,
+                priorities=priorities,
             )
             # Under READ COMMITTED a claim can come back short, even empty, when the rows it
             # picked were claimed by another relay meanwhile: stop only when no due row is
             # left that nobody holds.
-            left = bool(claims) or _any_due(connection, ids, now, priorities)
+            left = bool(claims) or _any_due(connection, one.ids, one.now, priorities)
         if not left:
             break
         if not claims:
             continue
         try:
-            publish(claims)
+            one.publish(claims)
         except Exception:
             with engine.begin() as connection:
                 release(connection, claims)

@@ -92,24 +92,20 @@ def run_demo(
             rules={REJECTED: {"status": 400, "json": {"code": 21211, "message": "Invalid To"}}},
         )
         run = time.strftime("%Y%m%d%H%M%S")
+        sends = [
+            (f"+1201555{i % 10000:04d}", f"Your code is {100000 + i}", str(i))
+            for i in range(count - 1)
+        ]
         with Session(engine) as session, session.begin():
-            for i in range(count - 1):
+            for to, body, name in [*sends, (REJECTED, "never arrives", "rejected")]:
                 enqueue(
                     session,
                     channel="sms",
-                    to=f"+1201555{i % 10000:04d}",
-                    payload={"body": f"Your code is {100000 + i}"},
-                    key=f"demo-{run}-{i}",
+                    to=to,
+                    payload={"body": body},
+                    key=f"demo-{run}-{name}",
                     settings=settings,
                 )
-            enqueue(
-                session,
-                channel="sms",
-                to=REJECTED,
-                payload={"body": "never arrives"},
-                key=f"demo-{run}-rejected",
-                settings=settings,
-            )
         progress(
             f"enqueued {count} messages (20% of answers dropped after accept, "
             f"15% 503s, one invalid number)"

@@ -26,7 +26,7 @@ from sqlalchemy import ColumnElement, Connection, Row, update
 
 from delivery.core.models import messages_table
 from delivery.core.status import Status
-from delivery.observability.events import Transition, emit
+from delivery.observability.events import emit_moved
 from delivery.transitions.attempts import LEASE_EXPIRED, log_lost
 from delivery.transitions.fence import move_where
 
@@ -58,11 +58,7 @@ def expire(conn: Connection, old: Status, now: dt.datetime) -> int:
         ),
     )
     for row in moved:
-        emit(
-            Transition(
-                row.id, row.key, row.provider, old, Status.EXPIRED, row.attempts, "expired", EXPIRED
-            )
-        )
+        emit_moved(row, old, Status.EXPIRED, "expired", EXPIRED)
     return len(moved)
 
 
@@ -76,17 +72,7 @@ def requeue(conn: Connection, now: dt.datetime) -> int:
         dict(lease_expires_at=None, updated_at=now),
     )
     for row in moved:
-        emit(
-            Transition(
-                row.id,
-                row.key,
-                row.provider,
-                Status.DISPATCHED,
-                Status.PENDING,
-                row.attempts,
-                "lease_expired",
-            )
-        )
+        emit_moved(row, Status.DISPATCHED, Status.PENDING, "lease_expired")
     return len(moved)
 
 
@@ -102,18 +88,7 @@ def recover(
     if not move_where(conn, fence, to, messages_table.c.lease_expires_at < now, values):
         return False
     log_lost(conn, row.id, row.attempts, now, reason)
-    emit(
-        Transition(
-            row.id,
-            row.key,
-            row.provider,
-            Status.SENDING,
-            to,
-            row.attempts,
-            "unknown",
-            LEASE_EXPIRED,
-        )
-    )
+    emit_moved(row, Status.SENDING, to, "unknown", LEASE_EXPIRED)
     return True
 
 

@@ -20,7 +20,7 @@ from sqlalchemy import Connection, Row, update
 
 from delivery.core.models import messages_table
 from delivery.core.status import Status
-from delivery.observability.events import Transition, emit
+from delivery.observability.events import emit_moved
 from delivery.transitions.fence import move
 
 __all__ = ["Claimed", "dispatch", "release"]
@@ -65,11 +65,7 @@ def dispatch(
         )
     rows = connection.execute(stmt, params).all()
     for row in rows:
-        emit(
-            Transition(
-                row.id, row.key, row.provider, Status.PENDING, Status.DISPATCHED, row.attempts
-            )
-        )
+        emit_moved(row, Status.PENDING, Status.DISPATCHED)
     return list(rows)
 
 
@@ -82,15 +78,5 @@ def release(connection: Connection, claims: Sequence[Claimed]) -> int:
             connection, c.id, c.attempts, Status.DISPATCHED, Status.PENDING, lease_expires_at=None
         ):
             released += 1
-            emit(
-                Transition(
-                    c.id,
-                    c.key,
-                    c.provider,
-                    Status.DISPATCHED,
-                    Status.PENDING,
-                    c.attempts,
-                    "publish_failed",
-                )
-            )
+            emit_moved(c, Status.DISPATCHED, Status.PENDING, "publish_failed")
     return released

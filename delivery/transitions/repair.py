@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from delivery.core.clock import db_now
 from delivery.core.models import Message, utcnow
 from delivery.core.status import Status
-from delivery.observability.events import Transition, emit
+from delivery.observability.events import emit_moved
 
 __all__ = ["REDRIVABLE", "RESOLVABLE", "cancel", "redrive", "resolve"]
 
@@ -91,15 +91,5 @@ def _move(
     session.refresh(message)
     if done:
         previous, outcome = why
-        emit(
-            Transition(
-                message.id,
-                message.key,
-                message.provider,
-                previous,
-                message.status,
-                message.attempts,
-                outcome=outcome,
-            )
-        )
+        emit_moved(message, previous, message.status, outcome)
     return done

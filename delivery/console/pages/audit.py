@@ -5,8 +5,7 @@ from __future__ import annotations
 from flask import Blueprint, render_template, request
 
 from delivery import ops
-from delivery.console.context import db
-from delivery.errors import InvalidFilter
+from delivery.console.context import before, db
 
 __all__ = ["blueprint"]
 
@@ -15,12 +14,8 @@ blueprint = Blueprint("audit", __name__)
 
 @blueprint.get("/audit")
 def audit_page() -> str:
-    before_text = request.args.get("before", "").strip()
-    if before_text and not before_text.isdigit():
-        raise InvalidFilter("before", "is not an audit row id")
     actor = request.args.get("actor", "").strip() or None
-    before = int(before_text) if before_text else None
-    rows = ops.entries(db(), actor=actor, before=before, limit=51)
+    rows = ops.entries(db(), actor=actor, before=before("an audit row id"), limit=51)
     more = len(rows) > 50
     rows = rows[:50]
     return render_template(

@@ -7,10 +7,10 @@ from flask import Blueprint, abort, flash, redirect, render_template, request, u
 from werkzeug.wrappers import Response
 
 from delivery import ops
-from delivery.console.context import actor, db, state
+from delivery.console.context import actor, before, db, state
 from delivery.core.models import Message
 from delivery.core.status import Status
-from delivery.errors import ConfigError, InvalidFilter
+from delivery.errors import ConfigError
 from delivery.providers.registry import adapter_for
 
 __all__ = ["ACTIONS", "blueprint", "describe"]
@@ -82,19 +82,10 @@ def describe(action: str, message: Message) -> str:
     return "It becomes cancelled and will never be sent (if no worker took it meanwhile)."
 
 
-def _parse_before() -> int | None:
-    text = request.args.get("before", "").strip()
-    if not text:
-        return None
-    if not text.isdigit():
-        raise InvalidFilter("before", "is not a message id")
-    return int(text)
-
-
 @blueprint.get("/messages")
 def search_page() -> str:
     flt = ops.parse_filter(request.args)
-    page = ops.search(db(), flt, before=_parse_before(), limit=50)
+    page = ops.search(db(), flt, before=before("a message id"), limit=50)
     return render_template(
         "messages.html",
         flt=flt,

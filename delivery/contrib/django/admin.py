@@ -139,7 +139,20 @@ def resolve_dead(
     _apply(modeladmin, request, queryset, ("Resolved", "resolved"), _resolver(Status.DEAD))
 
 
-class AttemptInline(_AttemptInline):
+class _ReadOnly:
+    """No add, no change form (a posted one is refused with 403), no delete."""
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+class AttemptInline(_ReadOnly, _AttemptInline):
     """The attempt log, oldest first, read-only."""
 
     model = Attempt
@@ -157,18 +170,9 @@ class AttemptInline(_AttemptInline):
     )
     readonly_fields = fields
 
-    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
 
 @admin.register(Message)
-class MessageAdmin(_ModelAdmin):
+class MessageAdmin(_ReadOnly, _ModelAdmin):
     """Messages, newest first, filtered by status; read-only apart from the actions."""
 
     list_display = (
@@ -219,16 +223,6 @@ class MessageAdmin(_ModelAdmin):
     @admin.display(description="tries")
     def tries(self, message: Message) -> str:
         return f"{message.attempts}/{message.max_attempts}"
-
-    def has_add_permission(self, request: HttpRequest) -> bool:
-        return False
-
-    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        return False
-
-    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
-        """Never: no Save, no change form; a posted one is refused with 403."""
-        return False
 
     def has_operate_permission(self, request: HttpRequest) -> bool:
         """The actions (the CLI's conditional transitions) need the model's change permission."""

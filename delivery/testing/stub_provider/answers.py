@@ -131,30 +131,26 @@ def validate_faults(updates: Mapping[str, Any]) -> dict[str, Any]:
         if field in ("drop_rate", "error_rate"):
             if not is_number(value) or not 0.0 <= value <= 1.0:
                 raise ValueError(f"{field}: must be a number between 0 and 1")
-            clean[field] = float(value)
+            value = float(value)
         elif field in ("delay_ms", "fail_first"):
             if not is_int(value) or value < 0:
                 raise ValueError(f"{field}: must be a non-negative integer")
-            clean[field] = value
         elif field == "error_status":
             if not is_int(value) or not 400 <= value <= 599:
                 raise ValueError(f"{field}: must be an integer 400..599")
-            clean[field] = value
         elif field in ("error_html", "dedupe"):
             if not isinstance(value, bool):
                 raise ValueError(f"{field}: must be a boolean")
-            clean[field] = value
         elif field == "retry_after":
             if value is not None and (not is_number(value) or value < 0):
                 raise ValueError(f"{field}: must be a non-negative number or null")
-            clean[field] = value
         elif field == "seed":
             if value is not None and not is_int(value) and not isinstance(value, str):
                 raise ValueError(f"{field}: must be an integer, a string or null")
-            clean[field] = value
         else:  # rules
             compile_rules(field, value)
-            clean[field] = copy.deepcopy(dict(value))
+            value = copy.deepcopy(dict(value))
+        clean[field] = value
     return clean
 
 

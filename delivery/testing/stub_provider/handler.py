@@ -104,8 +104,7 @@ class Handler(BaseHTTPRequestHandler):
             f"Content-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\n"
         ]
-        for name, value in headers:
-            head.append(f"{name}: {value}\r\n")
+        head += [f"{name}: {value}\r\n" for name, value in headers]
         if self.close_connection:
             head.append("Connection: close\r\n")
         head.append("\r\n")
@@ -146,7 +145,9 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return None
 
-    def _route(self, method: str) -> None:
+    def _route(self) -> None:
+        """Every method's handler (``do_GET``, ``do_POST``, ...): ``self.command`` is the method."""
+        method = self.command
         path, _, query = self.path.partition("?")
         if path == "/v1/messages":
             if method == "POST":
@@ -160,20 +161,7 @@ class Handler(BaseHTTPRequestHandler):
         else:
             self._send(error(404, "NOT_FOUND"))
 
-    def do_GET(self) -> None:
-        self._route("GET")
-
-    def do_POST(self) -> None:
-        self._route("POST")
-
-    def do_PUT(self) -> None:
-        self._route("PUT")
-
-    def do_DELETE(self) -> None:
-        self._route("DELETE")
-
-    def do_PATCH(self) -> None:
-        self._route("PATCH")
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = _route
 
     # --- provider API ---------------------------------------------------------------------------
 
@@ -196,19 +184,11 @@ class Handler(BaseHTTPRequestHandler):
         authorization = self.headers.get("Authorization")
         auth = None if authorization is None else hashlib.sha256(authorization.encode()).hexdigest()
         raw = self._read_body()
-        to: object = None
-        if raw is not None:
-            try:
-                payload = json.loads(raw)
-            except ValueError:
-                payload = None
-            if isinstance(payload, dict):
-                to = payload.get("to")
+        payload = _json(raw)
+        to = payload.get("to") if isinstance(payload, dict) else None
         if not isinstance(to, str) or not to:
-            if raw is None:
-                answer = error(400, "INVALID_REQUEST", "unreadable request body")
-            else:
-                answer = error(400, "INVALID_REQUEST", "body must be a JSON object with 'to'")
+            problem = "body must be a JSON object with 'to'" if raw is not None else None
+            answer = error(400, "INVALID_REQUEST", problem or "unreadable request body")
             state.record(seq, Logged(key, to, at, 400, "rejected", auth))
             self._send(answer)
             return
@@ -310,11 +290,7 @@ class Handler(BaseHTTPRequestHandler):
         if name == "faults":
             if method == "GET":
                 return Answer(200, dumps(state.get_faults()), JSON)
-            raw = self._read_body()
-            try:
-                updates = json.loads(raw) if raw else None
-            except ValueError:
-                updates = None
+            updates = _json(self._read_body())
             if not isinstance(updates, dict):
                 return error(400, "INVALID_REQUEST", "body must be a JSON object")
             try:
@@ -332,3 +308,11 @@ class Handler(BaseHTTPRequestHandler):
         if name == "requests":
             return Answer(200, dumps({"requests": state.get_requests()}), JSON)
         return Answer(200, dumps({"ok": True}), JSON)
+
+
+def _json(raw: bytes | None) -> Any:
+    """A request body's JSON value, or None when it is missing, empty or not JSON."""
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:
+        return None
