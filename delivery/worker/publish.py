@@ -19,7 +19,7 @@ carries message ids and keys only, never a recipient or a payload: its args, its
   rate limits"), unless a route of ``task_routes`` names the task: Celery then sends it where
   that route says (the relay's back-pressure counts only the three delivery queues).
 - One call holds one producer (one pooled broker connection) for all its tasks and, where
-  kombu can (``Producer.batch``, Redis), sends them in one pipeline when the call ends.
+  kombu can (``Producer.batch``, Redis), sends two or more in one pipeline when the call ends.
 - A failure raises, after kombu's retry policy (``PUBLISH_RETRY``: about 1.5 s at most, a
   connection that died with the broker is revived and the task sent again); the relay then
   puts the rows back to ``pending``.
@@ -108,7 +108,9 @@ def publish(claims: Sequence[Claim]) -> dict[str, int]:
     sends = [_plan(chunk) for chunk in batches(claims, get_settings().batch_size)]
     declared: set[str] = set()
     with app.producer_or_acquire() as producer:
-        batch = getattr(producer, "batch", None)  # kombu >= 5.7
+        # kombu >= 5.7: many tasks in one Redis pipeline; one task (a nudge) goes as it is,
+        # since the pipeline's session costs more than the round trip it would save.
+        batch = getattr(producer, "batch", None) if len(sends) > 1 else None
         with batch(max_size=2 * len(sends)) if batch else contextlib.nullcontext():
             for send in sends:
                 route: dict[str, Any] = {}
