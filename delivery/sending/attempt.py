@@ -73,6 +73,7 @@ __all__ = [
     "call",
     "check",
     "entry_id",
+    "entry_row",
 ]
 
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
@@ -111,8 +112,13 @@ class Taken:
 Entry = Row[Any] | Taken
 
 
+def entry_row(entry: Entry) -> Row[Any]:
+    """The row an entry is about, taken ahead or not."""
+    return entry.row if isinstance(entry, Taken) else entry
+
+
 def entry_id(entry: Entry) -> int:
-    return entry.row.id if isinstance(entry, Taken) else int(entry.id)
+    return int(entry_row(entry).id)
 
 
 def check(service: Service, row: Row[Any], clock: Clock) -> Result | None:
@@ -165,8 +171,7 @@ def admit(
     healthy: set[str] = set()
     by_provider: dict[str, list[Entry]] = {}
     for entry in wave:
-        row = entry.row if isinstance(entry, Taken) else entry
-        by_provider.setdefault(row.provider, []).append(entry)
+        by_provider.setdefault(entry_row(entry).provider, []).append(entry)
     now = clock.now()
     for provider, mine in by_provider.items():
         breaker = service.breaker(provider)
@@ -321,7 +326,7 @@ def _circuit_open(service: Service, entry: Entry, permit: Permit, now: dt.dateti
     """Park a row the breaker refused as ``pending`` until the breaker's next probe (plus
     jitter), without spending an attempt: a ``dispatched`` row leaves, one taken ahead is
     given back."""
-    row = entry.row if isinstance(entry, Taken) else entry
+    row = entry_row(entry)
     wait = probe_wait(service, permit.retry_at)
     due = now + dt.timedelta(seconds=wait)
     reason = (
