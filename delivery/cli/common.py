@@ -41,10 +41,7 @@ from delivery.runtime.db import database_error, make_engine, make_sessionmaker
 F = TypeVar("F", bound=Callable[..., Any])
 
 __all__ = [
-    "PIPE_WIDTH",
-    "CannotListen",
     "DeliveryGroup",
-    "MissingExtra",
     "age",
     "binding",
     "cell",
@@ -53,7 +50,6 @@ __all__ = [
     "host_port_options",
     "new_console",
     "new_table",
-    "older_than_callback",
     "open_engine",
     "open_session",
     "parse_since",
@@ -89,51 +85,39 @@ class DeliveryGroup(click.Group):
 EXTRAS = {"console": ("flask",), "flower": ("flower",)}
 
 
-class MissingExtra(DeliveryError):
-    """A command needs a pip extra that is not installed: ``error: ...`` names it, exit 2."""
-
-    def __init__(self, extra: str, module: str) -> None:
-        super().__init__(
-            f"this command needs the {extra!r} extra ({module} is not installed): "
-            f"pip install 'delivery-outbox[{extra}]'"
-        )
-        self.extra = extra
-
-
-class CannotListen(DeliveryError):
-    """A server command could not bind its address: ``error: ...`` names it, exit 2."""
-
-    def __init__(self, host: str, port: int, exc: OSError) -> None:
-        super().__init__(
-            f"cannot listen on {host}:{port}: {os.strerror(exc.errno) if exc.errno else exc} "
-            f"(does another process have port {port}? choose another with --port)"
-        )
-
-
 @contextmanager
 def binding(host: str, port: int) -> Iterator[None]:
     """Around the one call that binds ``host:port``: its ``OSError`` (a port in use, an address
-    this machine does not have) becomes ``CannotListen``, one line naming both."""
+    this machine does not have) becomes a ``DeliveryError``, one line naming both."""
     try:
         yield
     except OSError as exc:
-        raise CannotListen(host, port, exc) from None
+        reason = os.strerror(exc.errno) if exc.errno else exc
+        raise DeliveryError(
+            f"cannot listen on {host}:{port}: {reason} "
+            f"(does another process have port {port}? choose another with --port)"
+        ) from None
 
 
 def require_extra(extra: str) -> None:
-    """Raise ``MissingExtra`` unless every module of the pip extra ``extra`` imports. A command
-    calls it first, before it starts or writes anything."""
+    """Raise ``DeliveryError`` naming the pip extra ``extra`` unless every module of it imports
+    (``error: ...``, exit 2). A command calls it first, before it starts or writes anything."""
     for module in EXTRAS[extra]:
         try:
             importlib.import_module(module)
         except ImportError:
-            raise MissingExtra(extra, module) from None
+            raise DeliveryError(
+                f"this command needs the {extra!r} extra ({module} is not installed): "
+                f"pip install 'delivery-outbox[{extra}]'"
+            ) from None
 
 
-def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
+def parse_since(
+    value: str, *, now: dt.datetime | None = None, option: str = "--since"
+) -> dt.datetime:
     """``30m``, ``2h``, ``7d`` (also ``s``, ``w``) ago, or an ISO-8601 time (naive means UTC).
 
-    Raises ``click.BadParameter`` naming ``--since`` on anything else.
+    Raises ``click.BadParameter`` naming ``option`` on anything else.
     """
     text = value.strip()
     match = _DURATION.fullmatch(text)
@@ -148,7 +132,7 @@ def parse_since(value: str, *, now: dt.datetime | None = None) -> dt.datetime:
         return moment if moment.tzinfo else moment.replace(tzinfo=dt.UTC)
     raise click.BadParameter(
         f"{value!r} is neither a duration (30m, 2h, 7d) nor an ISO-8601 time",
-        param_hint="'--since'",
+        param_hint=f"'{option}'",
     )
 
 
@@ -158,9 +142,10 @@ def since_option(help: str) -> Callable[[F], F]:
 
 
 def since_callback(
-    _ctx: click.Context, _param: click.Parameter, value: str | None
+    _ctx: click.Context, param: click.Parameter, value: str | None
 ) -> dt.datetime | None:
-    return None if value is None else parse_since(value)
+    """The callback of ``--since`` and ``--older-than``: ``parse_since`` naming the option."""
+    return None if value is None else parse_since(value, option=param.opts[0])
 
 
 @contextmanager
@@ -248,13 +233,6 @@ def progress_bar() -> Progress:
         console=Console(stderr=True),
         transient=True,
     )
-
-
-def older_than_callback(_ctx: click.Context, _param: click.Parameter, value: str) -> dt.datetime:
-    try:
-        return parse_since(value)
-    except click.BadParameter as exc:
-        raise click.BadParameter(exc.message, param_hint="'--older-than'") from None
 
 
 def host_port_options(port: int) -> Callable[[F], F]:

@@ -21,7 +21,6 @@ from delivery.cli.common import (
     open_session,
     since_option,
 )
-from delivery.core.models import Message
 
 __all__ = ["DUE", "TRIES", "dead_command", "show", "stats"]
 
@@ -63,26 +62,6 @@ def stats(as_json: bool, by_provider: bool) -> None:
     console.print(f"oldest due message: {age(oldest)} ({DUE})")
 
 
-def _messages_table(messages: Sequence[Message], title: str) -> Table:
-    table = new_table(
-        "id", "key", "channel", "recipient", "tries", "code", "updated (UTC)", "error"
-    )
-    table.title = title
-    for message in messages:
-        fields = ops.message_dict(message)
-        table.add_row(
-            cell(message.id),
-            cell(message.key),
-            cell(message.channel),
-            cell(fields["recipient"]),
-            cell(f"{message.attempts}/{message.max_attempts}"),
-            cell(message.last_error_code),
-            cell(message.updated_at),
-            cell(fields["last_error"]),
-        )
-    return table
-
-
 @click.command("dead")
 @since_option("Only messages that died since then.")
 @click.option("--code", help="Only messages whose last error code is CODE.")
@@ -98,7 +77,23 @@ def dead_command(since: dt.datetime | None, code: str | None, limit: int, as_jso
     if not messages:
         click.echo("no dead messages")
         return
-    new_console().print(_messages_table(messages, f"{len(messages)} dead"))
+    table = new_table(
+        "id", "key", "channel", "recipient", "tries", "code", "updated (UTC)", "error"
+    )
+    table.title = f"{len(messages)} dead"
+    for message in messages:
+        fields = ops.message_dict(message)
+        table.add_row(
+            cell(message.id),
+            cell(message.key),
+            cell(message.channel),
+            cell(fields["recipient"]),
+            cell(f"{message.attempts}/{message.max_attempts}"),
+            cell(message.last_error_code),
+            cell(message.updated_at),
+            cell(fields["last_error"]),
+        )
+    new_console().print(table)
 
 
 def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]) -> Table:
@@ -134,9 +129,7 @@ def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]
                 cell(action.at),
                 cell(f"{action.action} by {action.actor}"),
                 cell(moved),
-                cell(None),
-                cell(None),
-                cell(None),
+                *[cell(None)] * 3,
                 cell(action.detail),
             )
     return table

@@ -8,12 +8,7 @@ import datetime as dt
 import click
 
 from delivery import ops
-from delivery.cli.common import (
-    echo_json,
-    older_than_callback,
-    open_session,
-    progress_bar,
-)
+from delivery.cli.common import echo_json, open_session, progress_bar, since_callback
 
 __all__ = ["prune_command"]
 
@@ -23,7 +18,7 @@ __all__ = ["prune_command"]
     "--older-than",
     "cutoff",
     required=True,
-    callback=older_than_callback,
+    callback=since_callback,
     metavar="30d|12h|ISO",
     help="Delete final messages last changed before then.",
 )

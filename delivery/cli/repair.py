@@ -26,14 +26,6 @@ from delivery.errors import MessageNotFound
 __all__ = ["cancel_command", "redrive_command", "resolve_command"]
 
 
-def _redrive_row(result: ops.RedriveResult, would: bool | None = None) -> dict[str, Any]:
-    """One result as JSON; a dry run says ``would_redrive`` and never ``redriven: true``."""
-    row: dict[str, Any] = asdict(result)
-    if would is not None:
-        row["would_redrive"] = would
-    return row
-
-
 _BULK = 500
 
 
@@ -67,7 +59,6 @@ def redrive_command(
     rows: list[dict[str, Any]] = []
     with open_session() as session:
         for ref in refs:
-            would = None
             try:
                 if dry_run:
                     message = ops.find(session, ref)
@@ -76,13 +67,13 @@ def redrive_command(
                     result = ops.RedriveResult(
                         ref, message.id, message.key, message.status, False, reason
                     )
+                    rows.append({**asdict(result), "would_redrive": would})
                 else:
                     (result,) = ops.redrive(session, [ref], actor=ops.cli_actor())
+                    rows.append(asdict(result))
             except MessageNotFound as exc:
                 unknown = dict.fromkeys(("id", "key", "from_status"))
                 rows.append({"ref": ref, **unknown, "redriven": False, "reason": str(exc)})
-            else:
-                rows.append(_redrive_row(result, would))
         if not dry_run:
             session.commit()
     if as_json:
@@ -116,15 +107,11 @@ def _redrive_all_dead(
         ids = ops.dead_ids(session, since=since, code=code)
         if dry_run:
             messages = ops.dead(session, since=since, code=code, limit=max(len(ids), 1))
+            nothing = "dry run: nothing changed"
             rows = [
                 {
-                    "ref": str(m.id),
-                    "id": m.id,
-                    "key": m.key,
-                    "from_status": m.status,
-                    "redriven": False,
+                    **asdict(ops.RedriveResult(str(m.id), m.id, m.key, m.status, False, nothing)),
                     "would_redrive": True,
-                    "reason": "dry run: nothing changed",
                 }
                 for m in messages
             ]
@@ -136,7 +123,7 @@ def _redrive_all_dead(
                         session, ids[start : start + _BULK], actor=ops.cli_actor()
                     )
                     session.commit()
-                    rows.extend(_redrive_row(result) for result in results)
+                    rows.extend(asdict(result) for result in results)
                     progress.advance(task, _BULK)
     if as_json:
         echo_json(rows)

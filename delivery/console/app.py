@@ -30,15 +30,6 @@ _CSP = (
 )
 
 
-def _unauthorized() -> Response:
-    return Response(
-        "authentication required\n",
-        401,
-        {"WWW-Authenticate": 'Basic realm="delivery console", charset="UTF-8"'},
-        mimetype="text/plain",
-    )
-
-
 def create_app(
     *,
     settings: Settings | None = None,
@@ -79,7 +70,12 @@ def create_app(
         if auth is not None and auth.type == "basic" and auth.username is not None:
             role = console.users.check(auth.username, auth.password or "")
         if role is None:
-            return _unauthorized()
+            return Response(
+                "authentication required\n",
+                401,
+                {"WWW-Authenticate": 'Basic realm="delivery console", charset="UTF-8"'},
+                mimetype="text/plain",
+            )
         g.user, g.role = auth.username, role  # type: ignore[union-attr]
         if request.method == "POST":
             if role != "operator":

@@ -25,13 +25,12 @@ ACTIONS = {
 }
 
 
-def _applies(message: Message) -> list[str]:
-    if message.status in (Status.DEAD.value, Status.UNKNOWN.value):
-        actions = ["redrive"]
-        if message.status == Status.UNKNOWN.value:
-            actions += ["resolve-sent", "resolve-dead"]
-        return actions
-    return ["cancel"] if message.status == Status.PENDING.value else []
+#: The actions that apply to a message in each status (none in the others).
+_APPLIES = {
+    Status.DEAD.value: ["redrive"],
+    Status.UNKNOWN.value: ["redrive", "resolve-sent", "resolve-dead"],
+    Status.PENDING.value: ["cancel"],
+}
 
 
 def _supports_lookup(provider: str) -> bool | None:
@@ -106,7 +105,7 @@ def _message_page(message: Message, revealed: dict[str, object] | None = None) -
         data=revealed or ops.message_dict(message),
         revealed=revealed is not None,
         events=ops.timeline(session, message, attempts),
-        actions=[(a, ACTIONS[a]) for a in _applies(message)],
+        actions=[(a, ACTIONS[a]) for a in _APPLIES.get(message.status, [])],
     )
 
 
@@ -133,7 +132,7 @@ def confirm(message_id: int, action: str) -> str:
         action=action,
         label=ACTIONS[action],
         text=describe(action, message),
-        applies=action in _applies(message),
+        applies=action in _APPLIES.get(message.status, []),
     )
 
 
