@@ -8,25 +8,14 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from html import escape
 
 from markupsafe import Markup
 
-__all__ = ["ChartSpec", "line_chart"]
+__all__ = ["line_chart"]
 
 _COLORS = ("#2563eb", "#dc2626", "#d97706", "#059669", "#7c3aed", "#0891b2", "#db2777")
 _NAMED = {"sent": "#059669", "dead": "#dc2626", "unknown": "#d97706"}
-
-
-@dataclass(frozen=True, slots=True)
-class ChartSpec:
-    """A chart's title, its unit (shown with the maximum), and its size in pixels."""
-
-    title: str
-    unit: str = ""
-    width: int = 430
-    height: int = 180
 
 
 def _fmt(value: float) -> str:
@@ -36,13 +25,16 @@ def _fmt(value: float) -> str:
 
 
 def line_chart(
-    spec: ChartSpec,
+    title: str,
     starts: Sequence[dt.datetime],
     series: Mapping[str, Sequence[float | None]],
+    *,
+    unit: str = "",
 ) -> Markup:
-    """An SVG line chart of ``series`` over the buckets starting at ``starts``."""
+    """An SVG line chart of ``series`` over the buckets starting at ``starts``, titled
+    ``title``; ``unit`` follows the maximum on the axis."""
     left, right, top, bottom = 44, 18, 36, 30
-    width, height = spec.width, spec.height
+    width, height = 430, 180
     plot_w, plot_h = width - left - right, height - top - bottom
     values = [v for points in series.values() for v in points if v is not None]
     peak = max(values, default=0.0) or 1.0
@@ -56,13 +48,13 @@ def line_chart(
 
     parts = [
         f'<svg xmlns="http://www.w3.org/2000/svg" class="chart" viewBox="0 0 {width} {height}" '
-        f'width="{width}" height="{height}" role="img" aria-label="{escape(spec.title)}">',
-        f'<text x="{left}" y="14" class="chart-title">{escape(spec.title)}</text>',
+        f'width="{width}" height="{height}" role="img" aria-label="{escape(title)}">',
+        f'<text x="{left}" y="14" class="chart-title">{escape(title)}</text>',
         f'<line x1="{left}" y1="{top + plot_h}" x2="{left + plot_w}" y2="{top + plot_h}" '
         'stroke="#cbd5e1"/>',
         f'<line x1="{left}" y1="{top}" x2="{left + plot_w}" y2="{top}" stroke="#eef2f7"/>',
         f'<text x="{left - 4}" y="{top + 4}" text-anchor="end" class="axis">'
-        f"{escape(_fmt(peak if values else 0))}{escape(spec.unit)}</text>",
+        f"{escape(_fmt(peak if values else 0))}{escape(unit)}</text>",
         f'<text x="{left - 4}" y="{top + plot_h + 4}" text-anchor="end" class="axis">0</text>',
     ]
     if starts:

@@ -8,7 +8,7 @@ import functools
 from flask import Blueprint, render_template
 
 from delivery import ops
-from delivery.console.charts import ChartSpec, line_chart
+from delivery.console.charts import line_chart
 from delivery.console.context import db, state
 from delivery.console.pages.breakers import read_breakers
 
@@ -41,19 +41,15 @@ def overview() -> str:
             {
                 "title": title,
                 "outcomes": line_chart(
-                    ChartSpec(f"sent / dead / unknown ({per})"),
+                    f"sent / dead / unknown ({per})",
                     data.starts,
                     {"sent": data.sent, "dead": data.dead, "unknown": data.unknown},
                 ),
                 "errors": line_chart(
-                    ChartSpec("provider error rate (share of send attempts)", unit=""),
-                    data.starts,
-                    data.error_rate,
+                    "provider error rate (share of send attempts)", data.starts, data.error_rate
                 ),
                 "latency": line_chart(
-                    ChartSpec("commit -> accept latency (seconds)", unit=" s"),
-                    data.starts,
-                    data.latency,
+                    "commit -> accept latency (seconds)", data.starts, data.latency, unit=" s"
                 ),
             }
         )
