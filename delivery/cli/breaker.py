@@ -8,13 +8,7 @@ from contextlib import contextmanager
 import click
 import redis
 
-from delivery.cli.common import (
-    cell,
-    echo_json,
-    new_console,
-    new_table,
-    open_session,
-)
+from delivery.cli.common import cell, echo_json, new_console, new_table, open_session
 from delivery.config.loading import load_settings
 from delivery.errors import ConfigError
 from delivery.guards.breaker import Breakers

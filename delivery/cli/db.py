@@ -6,16 +6,9 @@ import click
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from delivery.cli.common import (
-    open_engine,
-)
+from delivery.cli.common import open_engine
 from delivery.config.loading import load_settings
-from delivery.runtime.db import (
-    current_revision,
-    database_error,
-    revisions_between,
-    upgrade,
-)
+from delivery.runtime.db import current_revision, database_error, revisions_between, upgrade
 
 __all__ = ["db"]
 
