@@ -15,14 +15,8 @@ or the migrations) and renders the answer; none holds a query of its own:
 - ``flower``: ``flower`` (Flower with authentication and persistence);
 - ``common``: what they share (settings, the outbox session, tables, JSON, ``parse_since``).
 
-To add a command, write it in the module of its group and open the outbox with
-``open_session()`` (it never commits; the command does), then add it to ``main`` below::
-
-    @click.command()
-    def example() -> None:
-        with open_session() as session:
-            ...
-            session.commit()
+To add a command, write it in the module of its group, opening the outbox with
+``open_session()`` (it never commits: the command does), and add it to ``main`` below.
 
 May import anything of ``delivery`` but ``delivery.contrib``; never Celery.
 """

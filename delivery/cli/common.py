@@ -1,11 +1,6 @@
 """What every command of the ``delivery`` CLI shares: settings, the outbox session, output.
 
-Settings come from ``delivery.config.loading.load_settings()`` (``DELIVERY_DATABASE_URL``,
-``DELIVERY_CONFIG``, ...), read when a command runs, so ``--help`` always works. A bad setting
-or a ``DeliveryError`` prints ``error: ...`` on stderr and exits 2, without a traceback
-(``DeliveryGroup``). Tables are rich tables whose cells are never parsed as markup; JSON goes
-to stdout in one line; progress bars go to stderr so that ``--json`` output stays clean.
-
+Settings are read when a command runs (``load_settings()``), so ``--help`` always works.
 Nothing a command prints can drive the terminal: ``cell``, ``echo`` and the error lines
 replace control characters (escape sequences, bidi overrides, ...) with spaces, and
 ``echo_json`` writes them as JSON escapes (the same JSON value).

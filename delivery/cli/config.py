@@ -1,9 +1,7 @@
 """``delivery config check|schema|example``: the settings file, checked, described, started.
 
-``check`` loads the settings exactly as every process does at start-up (the environment and
-the TOML file): ``ok``, or the same one-line ``config <key>: ...`` error and exit 2. It does
-not connect to the database or the broker.
-"""
+``check`` loads the settings as every process does at start-up; it does not connect to the
+database or the broker."""
 
 from __future__ import annotations
 

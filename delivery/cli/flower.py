@@ -1,11 +1,7 @@
-"""``delivery flower``: Flower on the delivery queues, with authentication and persistence.
-
-What a wheel install runs (the repository's ``deploy/flowerconfig.py`` is the same settings as
-a file for ``celery flower --conf``): it refuses to start without the ``flower`` extra, without
-``FLOWER_BASIC_AUTH`` or with a weak password there (exit 2, one line naming the variable), then
-replaces itself with ``celery -A delivery.worker flower`` and these options. Flower reads
-``FLOWER_BASIC_AUTH`` from the environment itself, so no password reaches the command line
-(``ps``). See [docs/operations.md](../../docs/operations.md#flower).
+"""``delivery flower``: Flower on the delivery queues, with authentication and persistence
+([docs/operations.md](../../docs/operations.md#flower); ``deploy/flowerconfig.py`` is the same
+settings as a file). Checks done, it replaces itself with ``celery -A delivery.worker flower``,
+which reads ``FLOWER_BASIC_AUTH`` from the environment: no password reaches the command line.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """The ops console: the outbox on a web page (``delivery console``).
 
 Server-rendered pages over ``delivery.ops`` (every query and repair is the one the CLI runs),
-with no JavaScript at all: search, a message's timeline, redrive / resolve / cancel with a
-confirmation that says what will happen, bulk repairs with a dry-run count and progress,
-breakers, and the audit of every operator action.
-
-Built on Flask (Jinja2 templates, Werkzeug's threaded server): the ops layer is synchronous
-SQLAlchemy, so an async stack would buy nothing, and Flask is already the ``flask`` extra's
-framework. Install with ``pip install 'delivery-outbox[console]'``.
+on Flask, with no JavaScript at all: what each page shows, and why Flask, are in
+[docs/operations.md](../../docs/operations.md#ops-console).
 
 - ``app``: ``create_app`` (the WSGI app), its per-request session and error pages;
 - ``auth``: operators and viewers from ``DELIVERY_CONSOLE_AUTH`` / ``DELIVERY_CONSOLE_VIEWERS``,
