@@ -6,7 +6,7 @@ on Flask, with no JavaScript at all: what each page shows, and why Flask, are in
 
 - ``app``: ``create_app`` (the WSGI app), its per-request session and error pages;
 - ``auth``: operators and viewers from ``DELIVERY_CONSOLE_AUTH`` / ``DELIVERY_CONSOLE_VIEWERS``,
-  HTTP Basic; ``csrf``: the token every POST carries;
+  HTTP Basic, and the CSRF token every POST carries;
 - ``charts``: inline SVG line charts drawn on the server; ``context``: what a page reaches
   during a request (shared state, the request's session, the signed-in operator);
 - ``jobs``: bulk repairs run in a thread, in batches, with progress;

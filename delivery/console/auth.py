@@ -4,17 +4,23 @@
 ``DELIVERY_CONSOLE_VIEWERS`` (same form) the read-only viewers. Passwords have 12 characters or
 more; a name may be in one list only. An error names the variable and the entry, never the
 password. Requests authenticate with HTTP Basic; passwords are compared in constant time.
+
+Every form that changes something carries ``csrf_token`` (``Csrf``), an HMAC of the user's name
+under a key that lives as long as the console process: the browser sends HTTP Basic
+credentials on every request, including one forged by another site; the token is what such a
+request cannot know.
 """
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from delivery.errors import ConfigError
 
-__all__ = ["AUTH_ENV", "MIN_PASSWORD", "VIEWERS_ENV", "Users", "parse_users"]
+__all__ = ["AUTH_ENV", "MIN_PASSWORD", "VIEWERS_ENV", "Csrf", "Users", "parse_users"]
 
 AUTH_ENV = "DELIVERY_CONSOLE_AUTH"
 VIEWERS_ENV = "DELIVERY_CONSOLE_VIEWERS"
@@ -73,3 +79,16 @@ def parse_users(environ: Mapping[str, str]) -> Users:
     if both:
         raise ConfigError(VIEWERS_ENV, f"{both[0]!r} is also an operator")
     return Users(operators, viewers)
+
+
+class Csrf:
+    """Makes and checks the CSRF tokens of one console process."""
+
+    def __init__(self, key: bytes) -> None:
+        self._key = key
+
+    def token(self, user: str) -> str:
+        return hmac.new(self._key, f"csrf:{user}".encode(), hashlib.sha256).hexdigest()
+
+    def valid(self, user: str, token: str | None) -> bool:
+        return bool(token) and hmac.compare_digest(self.token(user), token or "")

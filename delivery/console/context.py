@@ -12,8 +12,7 @@ from flask import g, request
 from sqlalchemy.orm import Session, sessionmaker
 
 from delivery.config.settings import Settings
-from delivery.console.auth import Users
-from delivery.console.csrf import Csrf
+from delivery.console.auth import Csrf, Users
 from delivery.console.jobs import Jobs
 from delivery.errors import InvalidFilter
 
