@@ -10,7 +10,7 @@ import redis
 
 from delivery.cli.common import cell, echo_json, new_console, new_table, open_session
 from delivery.config.loading import load_settings
-from delivery.errors import ConfigError
+from delivery.errors import ConfigError, DeliveryError
 from delivery.guards.breaker import Breakers
 from delivery.ops.audit import cli_actor
 from delivery.ops.breakers import breaker_rows, reset_breaker
@@ -38,8 +38,7 @@ def _breakers() -> Iterator[Breakers]:
         breakers.client.ping()
     except redis.RedisError as exc:
         breakers.close()
-        click.echo(f"error: Redis (DELIVERY_REDIS_URL) is unreachable: {exc}", err=True)
-        raise SystemExit(2) from None
+        raise DeliveryError(f"Redis (DELIVERY_REDIS_URL) is unreachable: {exc}") from None
     try:
         yield breakers
     finally:

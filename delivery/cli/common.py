@@ -233,16 +233,12 @@ def progress_bar() -> Progress:
 def host_port_options(port: int) -> Callable[[F], F]:
     """``--host`` (default 127.0.0.1) and ``--port`` (default ``port``, 0 for any) of a server."""
 
-    def decorate(command: F) -> F:
-        command = click.option(
-            "--port",
-            type=click.IntRange(0, 65535),
-            default=port,
-            show_default=True,
-            help="Port to bind, 0 for any.",
-        )(command)
-        return click.option(
-            "--host", default="127.0.0.1", show_default=True, help="Address to bind."
-        )(command)
-
-    return decorate
+    host = click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+    bind = click.option(
+        "--port",
+        type=click.IntRange(0, 65535),
+        default=port,
+        show_default=True,
+        help="Port to bind, 0 for any.",
+    )
+    return lambda command: host(bind(command))

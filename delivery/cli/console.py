@@ -1,8 +1,5 @@
-"""``delivery console``: serve the ops console (``delivery.console``) on the configured outbox.
-
-It refuses to start without operators in ``DELIVERY_CONSOLE_AUTH`` (exit 2, naming the
-variable) and without Flask (naming the pip extra).
-"""
+"""``delivery console``: serve the ops console (``delivery.console``) on the configured outbox;
+without operators or without Flask it refuses to start (exit 2, naming what is missing)."""
 
 from __future__ import annotations
 

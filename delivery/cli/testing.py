@@ -92,7 +92,6 @@ def _serve_demo_console(port: int) -> None:
     from pathlib import Path
 
     from delivery.config.loading import load_settings
-    from delivery.console import parse_users
     from delivery.console.app import create_app
     from delivery.console.server import make_console_server, serve
 
@@ -102,8 +101,7 @@ def _serve_demo_console(port: int) -> None:
     if not env.get("DELIVERY_CONSOLE_AUTH"):
         password = secrets.token_urlsafe(12)
         env["DELIVERY_CONSOLE_AUTH"] = f"demo:{password}"
-    users = parse_users(env)
-    app = create_app(settings=load_settings(env), users=users, environ=env)
+    app = create_app(settings=load_settings(env), environ=env)
 
     def ready(url: str) -> None:
         login = f"user demo, password {password}" if password else "DELIVERY_CONSOLE_AUTH"

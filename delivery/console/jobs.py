@@ -76,10 +76,9 @@ class Jobs:
         progress = Progress(request, len(request.ids))
         with self._lock:
             self._jobs[job_id] = progress
-        thread = threading.Thread(
+        threading.Thread(
             target=self._run, args=(progress,), name=f"console-job-{job_id}", daemon=True
-        )
-        thread.start()
+        ).start()
         return job_id
 
     def get(self, job_id: str) -> Progress | None:
