@@ -60,7 +60,15 @@ import httpx
 from delivery.config.settings import ProviderConfig, Timeouts
 from delivery.core.outcomes import Outcome, classify_exception
 
-__all__ = ["BODY_LIMIT", "DEFAULT_LIMITS", "USER_AGENT", "PooledClient", "proxy_for", "timeout"]
+__all__ = [
+    "BODY_LIMIT",
+    "DEFAULT_LIMITS",
+    "USER_AGENT",
+    "PooledClient",
+    "parse_json",
+    "proxy_for",
+    "timeout",
+]
 
 USER_AGENT = "delivery/0.1"
 BODY_LIMIT = 64 * 1024
@@ -98,6 +106,14 @@ def proxy_for(url: str | httpx.URL | None) -> str | None:
     if urllib.request.proxy_bypass(host):
         return None
     return proxy if "://" in proxy else f"http://{proxy}"
+
+
+def parse_json(response: httpx.Response) -> Any:
+    """The answer's JSON value; None for an empty body or one that is not JSON."""
+    try:
+        return jsonlib.loads(response.content) if response.content else None
+    except ValueError:
+        return None
 
 
 class _Decoder:
