@@ -15,8 +15,7 @@
 
 An adapter maps every answer and transport error onto the outcomes of
 ``delivery.core.outcomes`` in one place and never raises for them. What an adapter author
-needs is re-exported here: ``Envelope``, ``Provider``, ``ProviderConfig``, the outcome classes,
-``classify_exception``, ``classify_response`` and ``parse_retry_after``.
+needs is re-exported here (``__all__``).
 
 May import: ``delivery.errors``, ``delivery.config.settings``, ``delivery.core.outcomes``
 and ``delivery.core.policies``; nothing that sends, stores or schedules.

@@ -63,8 +63,6 @@ __all__ = [
 
 STOP_HEADER = "Webhook-Stop-Retries"
 _RETRY_STATUS = frozenset({408, 425, 429})
-
-
 MIN_SECRET_BYTES = 24
 SECRET_PREFIX = "whsec_"
 
