@@ -1,8 +1,8 @@
-"""The adapters' client (``PooledClient``) on httpx's own transport, against real sockets:
+"""The adapters' client (``PooledClient``, one ``httpx.Client`` each), against real sockets:
 keep-alive and its limits, every way an exchange can fail classified by phase (not sent, or
 unknown), bounded answers, no cookies or redirects, TLS, a proxy from the environment, and the
-request itself: what ``httpx.Client`` would have sent, though it is built without one. The
-server side is a scripted socket server per test."""
+request itself: what a plain ``httpx.Client`` with the same settings sends. The server side is
+a scripted socket server per test."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ import pytest
 from delivery.config.settings import ProviderConfig, Timeouts
 from delivery.core.outcomes import Delivered, Found, Permanent, Retryable, Unknown
 from delivery.providers.base import Envelope
-from delivery.providers.client import BODY_LIMIT, USER_AGENT, PooledClient, proxy_for
+from delivery.providers.client import BODY_LIMIT, USER_AGENT, PooledClient
 from delivery.providers.http import HttpProvider
 from delivery.providers.twilio import TwilioProvider
 from delivery.providers.webhook import WebhookProvider
@@ -394,38 +394,6 @@ def test_no_proxy_goes_direct_and_the_proxy_is_chosen_when_the_adapter_is_built(
     ]
 
 
-@pytest.mark.parametrize(
-    ("env", "url", "expected"),
-    [
-        (
-            {"HTTPS_PROXY": "http://p:1", "HTTP_PROXY": "http://q:2"},
-            "https://a.example",
-            "http://p:1",
-        ),
-        ({"HTTP_PROXY": "http://q:2"}, "https://a.example", None),
-        (
-            {"ALL_PROXY": "socks5://s:3", "HTTP_PROXY": "http://q:2"},
-            "https://a.example",
-            "socks5://s:3",
-        ),
-        ({"HTTP_PROXY": "q:2"}, "http://a.example:8080", "http://q:2"),
-        ({"HTTP_PROXY": "http://q:2", "NO_PROXY": ".example"}, "http://a.example", None),
-        ({"HTTP_PROXY": "http://q:2", "NO_PROXY": "*"}, "http://a.example", None),
-        ({"HTTP_PROXY": "http://q:2", "NO_PROXY": "b.example"}, "http://a.example", "http://q:2"),
-        ({"HTTP_PROXY": "http://q:2"}, None, None),
-    ],
-)
-def test_the_proxy_for_a_base_url(
-    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], url: str | None, expected: str | None
-) -> None:
-    """The scheme's proxy, else ``ALL_PROXY``, unless ``NO_PROXY`` names the host; none for
-    an adapter without a base URL."""
-    _no_proxy_env(monkeypatch)
-    for name, value in env.items():
-        monkeypatch.setenv(name, value)
-    assert proxy_for(url) == expected
-
-
 def _head(request: bytes) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
     head, _, body = request.partition(b"\r\n\r\n")
     line, *fields = head.split(b"\r\n")
@@ -436,8 +404,8 @@ def _head(request: bytes) -> tuple[bytes, list[tuple[bytes, bytes]], bytes]:
 def test_the_request_is_what_httpx_client_would_send(
     serve: Callable[..., Server], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Built without ``httpx.Client``, a send and a lookup carry what the Client built from
-    the same settings carries: the URL under a base URL with a path, the headers (httpx's
+    """A send and a lookup carry what a plain ``httpx.Client`` built from the same settings
+    carries: the URL under a base URL with a path, the headers (httpx's
     defaults, ours, the credentials, the key; one of each), the compact JSON body and its
     length; the lookup's query."""
     server = serve(keep_answering(CREATED))

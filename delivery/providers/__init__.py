@@ -1,10 +1,9 @@
 """Providers: the adapters that speak to an SMS, email or webhook service over HTTP.
 
 - ``base``: what an adapter is (``Provider``: ``send``, ``lookup``, ``close``) and what it is
-  given (``Envelope``); ``client``: the base of the built-in adapters, one pooled
-  ``httpx.HTTPTransport`` each (no ``httpx.Client``), reading answers with a body limit and a
-  deadline; ``calls``: how the pipeline calls any adapter (whatever it returns or raises
-  becomes one bounded outcome).
+  given (``Envelope``); ``client``: the base of the built-in adapters, one ``httpx.Client``
+  each, reading answers with a body limit and a deadline; ``calls``: how the pipeline calls
+  any adapter (whatever it returns or raises becomes one bounded outcome).
 - ``registry``: a provider's ``kind`` resolved to its adapter (built in, an entry point in the
   group ``delivery.providers``, or a dotted path) and the adapter's declared settings.
 - ``http`` (the reference protocol, spoken by the stub), ``twilio``, ``pigeon``, ``webhook``:
@@ -15,8 +14,7 @@
 
 An adapter maps every answer and transport error onto the outcomes of
 ``delivery.core.outcomes`` in one place and never raises for them. What an adapter author
-needs is re-exported here: ``Envelope``, ``Provider``, ``ProviderConfig``, the outcome classes,
-``classify_exception``, ``classify_response`` and ``parse_retry_after``.
+needs is re-exported here (``__all__``).
 
 May import: ``delivery.errors``, ``delivery.config.settings``, ``delivery.core.outcomes``
 and ``delivery.core.policies``; nothing that sends, stores or schedules.

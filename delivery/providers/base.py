@@ -1,7 +1,7 @@
 """What a provider adapter is: ``send`` and ``lookup`` returning outcome values.
 
 An adapter class is called with its ``ProviderConfig``; what it may declare besides (its own
-config keys, its default unknown policy, ...) is listed in ``delivery.providers``.
+config keys, its default unknown policy, ...) is listed in ``delivery.providers.registry``.
 """
 
 from __future__ import annotations

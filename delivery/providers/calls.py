@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import traceback
+from typing import Any, cast
 
 import httpx
 
@@ -33,38 +34,24 @@ log = logging.getLogger("delivery.providers")
 
 ADAPTER_ERROR = "ADAPTER_ERROR"
 ADAPTER_BAD_OUTCOME = "ADAPTER_BAD_OUTCOME"
+_Failed = outcomes.Retryable | outcomes.Permanent | outcomes.Unknown
 
 
 def send(provider: Provider, envelope: Envelope) -> outcomes.Outcome:
     """``provider.send(envelope)`` as one bounded outcome (the table in the docstring)."""
-    try:
-        outcome: object = provider.send(envelope)
-    except Exception as exc:
-        _log(provider, "send", envelope, exc)
-        outcome = from_exception(exc)
-    if not isinstance(outcome, outcomes.Outcome):
-        _log_bad(provider, "send", envelope, outcome)
-        outcome = outcomes.Unknown(ADAPTER_BAD_OUTCOME, f"send returned {type(outcome).__name__}")
-    return outcomes.bounded(outcome, envelope.to)
+    outcome = _call(provider, "send", envelope, outcomes.Outcome)
+    return outcomes.bounded(cast(outcomes.Outcome, outcome), envelope.to)
 
 
 def lookup(provider: Provider, envelope: Envelope) -> outcomes.LookupOutcome:
     """``provider.lookup(envelope)`` as one bounded lookup outcome."""
-    try:
-        found: object = provider.lookup(envelope)
-    except Exception as exc:
-        _log(provider, "lookup", envelope, exc)
-        failed = from_exception(exc)
-        found = outcomes.LookupFailed(failed.code, failed.reason, failed.http_status)
-    if not isinstance(found, outcomes.LookupOutcome):
-        _log_bad(provider, "lookup", envelope, found)
-        found = outcomes.LookupFailed(
-            ADAPTER_BAD_OUTCOME, f"lookup returned {type(found).__name__}"
-        )
-    return outcomes.bounded(found, envelope.to)
+    found = _call(provider, "lookup", envelope, outcomes.LookupOutcome)
+    if isinstance(found, _Failed):  # it raised, or returned something else
+        found = outcomes.LookupFailed(found.code, found.reason, found.http_status)
+    return outcomes.bounded(cast(outcomes.LookupOutcome, found), envelope.to)
 
 
-def from_exception(exc: Exception) -> outcomes.Retryable | outcomes.Permanent | outcomes.Unknown:
+def from_exception(exc: Exception) -> _Failed:
     """The outcome of an exception raised by an adapter (the table in the docstring)."""
     if isinstance(exc, httpx.HTTPError):
         return outcomes.classify_exception(exc)
@@ -83,23 +70,30 @@ def _where(exc: BaseException) -> str:
     return f"{frames[-1].filename}:{frames[-1].lineno}" if frames else "?"
 
 
-def _log(provider: Provider, what: str, envelope: Envelope, exc: Exception) -> None:
-    if not isinstance(exc, httpx.HTTPError):  # transport errors are outcomes, not bugs
-        log.warning(
-            "provider %s: %s raised %s at %s (key %s); recorded as an outcome",
-            getattr(provider, "name", "?"),
-            what,
-            type(exc).__name__,
-            _where(exc),
-            envelope.key,
-        )
-
-
-def _log_bad(provider: Provider, what: str, envelope: Envelope, value: object) -> None:
+def _call(provider: Provider, what: str, envelope: Envelope, expected: Any) -> object:
+    """``provider.<what>(envelope)`` if it returns an ``expected``; else the ``Outcome`` of
+    what it raised or returned instead, logged (its type and place, never its text)."""
+    name = getattr(provider, "name", "?")
+    try:
+        value = getattr(provider, what)(envelope)
+    except Exception as exc:
+        if not isinstance(exc, httpx.HTTPError):  # transport errors are outcomes, not bugs
+            log.warning(
+                "provider %s: %s raised %s at %s (key %s); recorded as an outcome",
+                name,
+                what,
+                type(exc).__name__,
+                _where(exc),
+                envelope.key,
+            )
+        return from_exception(exc)
+    if isinstance(value, expected):
+        return value
     log.warning(
         "provider %s: %s returned %s, not an outcome (key %s)",
-        getattr(provider, "name", "?"),
+        name,
         what,
         type(value).__name__,
         envelope.key,
     )
+    return outcomes.Unknown(ADAPTER_BAD_OUTCOME, f"{what} returned {type(value).__name__}")

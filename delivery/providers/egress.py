@@ -1,16 +1,7 @@
-"""Where a webhook may connect: the address guard of the ``webhook`` kind (G7, SSRF).
-
-A webhook goes to a URL the app's customer chose, so by default it never reaches a loopback,
-private, link-local (``169.254.169.254``), shared (``100.64/10``), multicast, reserved or
-unspecified address, nor one of those wrapped in IPv6 (``::ffff:127.0.0.1``, 6to4, Teredo,
-NAT64). The check is made on the address actually connected to: the host is resolved once,
-every answer is checked, and the socket is opened to a checked answer (a name that resolves to
-both public and refused addresses, the signature of DNS rebinding, is refused whole). TLS still
-verifies the certificate against the host name. Redirects are never followed.
-
-The work is done by ``ssrfguard`` (its httpx transport pins the connection at httpcore's network
-backend; its address table is transcribed from the IANA special-purpose registries). This module
-only turns our settings into its policy and its refusals into our words:
+"""Where a webhook may connect: the address guard of the ``webhook`` kind (SSRF). What it
+refuses, and why ``ssrfguard`` does the work: docs/providers.md, "Webhooks: signatures and
+where they may go". This module only turns our settings into its policy and its refusals into
+our words:
 
 - ``Egress.from_options``: ``allow_hosts`` (names, or ``*.suffix``, whose addresses are not
   checked: your own internal receivers), ``allow_networks`` (CIDRs that are permitted even

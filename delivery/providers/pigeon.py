@@ -37,7 +37,6 @@ Configuration::
 
 from __future__ import annotations
 
-import json
 import logging
 from typing import Any
 
@@ -48,7 +47,7 @@ from delivery.core import outcomes
 from delivery.core.policies import UnknownPolicy
 from delivery.errors import ConfigError
 from delivery.providers.base import Envelope
-from delivery.providers.client import PooledClient
+from delivery.providers.client import PooledClient, parse_json
 
 __all__ = ["SMTP_BUDGET", "PigeonProvider", "classify"]
 
@@ -108,10 +107,7 @@ class PigeonProvider(PooledClient):
 def classify(response: httpx.Response) -> outcomes.Outcome:
     """Map one answer of ``/api/send-email`` to an outcome (the module docstring's rules)."""
     status = response.status_code
-    try:
-        body: Any = json.loads(response.content) if response.content else None
-    except ValueError:  # the HTML page of a 503 during a deploy
-        body = None
+    body = parse_json(response)  # None for the HTML page of a 503 during a deploy
     fields = body if isinstance(body, dict) else {}
     if 200 <= status < 300:
         email_id = fields.get("emailId")

@@ -101,16 +101,6 @@ class Adapter:
             check(config, to)
 
 
-def _is(value: Any, kind: type) -> bool:
-    if kind is bool:
-        return isinstance(value, bool)
-    if isinstance(value, bool):
-        return False
-    if kind is float:
-        return isinstance(value, int | float)
-    return isinstance(value, kind)
-
-
 def _declared(factory: AdapterFactory, kind: str, key: str) -> Adapter:
     """Read the optional class attributes of an adapter into an ``Adapter``."""
     raw_keys = getattr(factory, "config_keys", None) or {}
@@ -127,7 +117,8 @@ def _declared(factory: AdapterFactory, kind: str, key: str) -> Adapter:
         keys = {str(name): None for name in raw_keys}
     timeouts = dict(getattr(factory, "default_timeouts", None) or {})
     for name, seconds in timeouts.items():
-        if name not in Timeouts.__dataclass_fields__ or not _is(seconds, float):
+        number = isinstance(seconds, int | float) and not isinstance(seconds, bool)
+        if name not in Timeouts.__dataclass_fields__ or not number:
             raise ConfigError(key, f"{kind!r}: default_timeouts[{name!r}] is not a timeout")
     try:
         policy = UnknownPolicy(getattr(factory, "default_on_unknown", UnknownPolicy.RETRY))

@@ -119,7 +119,7 @@ from delivery.core.outcomes import (
 from delivery.core.policies import UnknownPolicy
 from delivery.errors import ConfigError
 from delivery.providers.base import Envelope
-from delivery.providers.client import PooledClient
+from delivery.providers.client import PooledClient, parse_json
 from delivery.providers.twilio_contract import (
     DELIVERED_STATUSES,
     PERMANENT_CODES,
@@ -130,7 +130,6 @@ from delivery.providers.twilio_contract import (
     judge,
     matches_ours,
     parse_date,
-    parse_json,
 )
 
 __all__ = [

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import datetime as dt
 import email.utils
-import json
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import httpx
 
 from delivery.core import outcomes
+from delivery.providers.client import parse_json
 
 __all__ = [
     "CANCELED",
@@ -30,7 +30,6 @@ __all__ = [
     "judge",
     "matches_ours",
     "parse_date",
-    "parse_json",
 ]
 
 # Codes the create call answers that will fail the same way every time
@@ -191,10 +190,3 @@ def parse_date(value: Any) -> dt.datetime | None:
     except (TypeError, ValueError):
         return None
     return when if when.tzinfo is not None else when.replace(tzinfo=dt.UTC)
-
-
-def parse_json(response: httpx.Response) -> Any:
-    try:
-        return json.loads(response.content) if response.content else None
-    except ValueError:
-        return None

@@ -9,20 +9,11 @@ Each message is ``POST``-ed as JSON (its ``payload``, compact) to its own URL (t
 - ``webhook-signature``: ``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``, one per
   secret, space-separated.
 
-Secrets come from the environment variable named by ``secret_env``, in the spec's form only:
-``whsec_`` + base64 of at least 24 random bytes (padding optional), exactly what the reference
-library (``standardwebhooks.Webhook(secret)``) reads, so a receiver using it verifies us. Any
-other value is a ``ConfigError`` naming ``providers.NAME.secret_env`` when settings load in a
-process that has the variable, and ``Permanent`` ``NO_CREDENTIALS`` at send time in one that
-has not (nothing goes out unsigned). Several secrets separated by spaces sign with each
-(rotation: receivers accept any).
-
-Where it may connect (``delivery.providers.egress``): never to a loopback, private,
-link-local, multicast or reserved address, checked on the address actually connected to,
-unless ``allow_hosts`` or ``allow_networks`` says so; ``https_only`` refuses plain http. A
-refused URL is ``Permanent`` ``WEBHOOK_ADDRESS_BLOCKED`` (or ``WEBHOOK_URL_REFUSED``) without a
-connection, and ``enqueue`` already refuses what is known without DNS (``InvalidMessage``, field
-``to``).
+The configuration, the secrets (``secret_env``: ``whsec_`` + base64, several for rotation)
+and where a webhook may connect (``delivery.providers.egress``): docs/providers.md, "Webhooks:
+signatures and where they may go". A process that holds an unusable secret fails when
+settings load; one without a secret sends nothing (``Permanent`` ``NO_CREDENTIALS``: nothing
+goes out unsigned).
 
 Outcomes (``classify``):
 
@@ -36,15 +27,6 @@ Outcomes (``classify``):
 | 3xx (not followed), other 4xx, 501 | ``Permanent`` ``HTTP_<status>`` |
 
 Receivers cannot be asked whether they got a message: ``lookup`` answers ``LookupFailed``.
-
-Configuration::
-
-    [providers.hooks]
-    kind = "webhook"
-    secret_env = "WEBHOOK_SECRET"       # e.g. whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw
-    allow_hosts = ["hooks.internal"]    # optional: internal receivers, by name (or *.suffix)
-    allow_networks = ["10.1.0.0/16"]    # optional: internal receivers, by address
-    https_only = false                  # true: refuse http:// URLs
 """
 
 from __future__ import annotations
@@ -81,8 +63,6 @@ __all__ = [
 
 STOP_HEADER = "Webhook-Stop-Retries"
 _RETRY_STATUS = frozenset({408, 425, 429})
-
-
 MIN_SECRET_BYTES = 24
 SECRET_PREFIX = "whsec_"
 

@@ -186,37 +186,34 @@ class Handler(BaseHTTPRequestHandler):
         raw = self._read_body()
         payload = _json(raw)
         to = payload.get("to") if isinstance(payload, dict) else None
+        answer, outcome = self._answer(state, key, to, raw)
+        state.record(seq, Logged(key, to, at, answer.status, outcome, auth))
+        if outcome == "dropped":
+            self.close_connection = True
+        else:
+            self._send(answer)
+
+    def _answer(self, state: State, key: str, to: object, raw: bytes | None) -> tuple[Answer, str]:
+        """The answer to one POST and what it was (``Logged.outcome``)."""
         if not isinstance(to, str) or not to:
             problem = "body must be a JSON object with 'to'" if raw is not None else None
-            answer = error(400, "INVALID_REQUEST", problem or "unreadable request body")
-            state.record(seq, Logged(key, to, at, 400, "rejected", auth))
-            self._send(answer)
-            return
+            return error(400, "INVALID_REQUEST", problem or "unreadable request body"), "rejected"
         assert raw is not None
         digest = hashlib.sha256(raw).digest()
-
         claimed = False
-        early: tuple[Answer, str] | None = None
         with state.lock:
             delay_ms: int = state.faults["delay_ms"]
             if key and state.faults["dedupe"]:
                 stored = state.stored.get(key)
                 if key in state.in_flight:
-                    early = (error(409, "IDEMPOTENCY_IN_PROGRESS"), "rejected")
-                elif stored is None:
-                    state.in_flight.add(key)
-                    claimed = True
-                elif stored.digest == digest:
-                    early = (Answer(stored.status, stored.body, stored.content_type), "replay")
-                else:
+                    return error(409, "IDEMPOTENCY_IN_PROGRESS"), "rejected"
+                if stored is not None and stored.digest == digest:
+                    return Answer(stored.status, stored.body, stored.content_type), "replay"
+                if stored is not None:
                     message = "Idempotency-Key was already used with a different request body"
-                    early = (error(422, "IDEMPOTENCY_KEY_REUSED", message), "rejected")
-        if early is not None:
-            answer, outcome = early
-            state.record(seq, Logged(key, to, at, answer.status, outcome, auth))
-            self._send(answer)
-            return
-
+                    return error(422, "IDEMPOTENCY_KEY_REUSED", message), "rejected"
+                state.in_flight.add(key)
+                claimed = True
         try:
             if delay_ms:
                 time.sleep(delay_ms / 1000.0)
@@ -225,12 +222,7 @@ class Handler(BaseHTTPRequestHandler):
                 with state.lock:
                     state.in_flight.discard(key)
             raise
-        answer, outcome = self._process(state, key, to, digest, claimed)
-        state.record(seq, Logged(key, to, at, answer.status, outcome, auth))
-        if outcome == "dropped":
-            self.close_connection = True
-            return
-        self._send(answer)
+        return self._process(state, key, to, digest, claimed)
 
     @staticmethod
     def _process(

@@ -6,7 +6,7 @@ import argparse
 import signal
 import sys
 import threading
-from types import FrameType, TracebackType
+from types import FrameType
 from typing import Any
 
 from delivery.testing.stub_provider.handler import HttpServer
@@ -88,12 +88,7 @@ class StubServer:
     def __enter__(self) -> StubServer:
         return self.start()
 
-    def __exit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
+    def __exit__(self, *exc_info: object) -> None:
         self.stop()
 
     def set_faults(self, **faults: Any) -> dict[str, Any]:

@@ -41,29 +41,20 @@ class State:
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.faults: dict[str, Any] = {}
-        self.rules: dict[str, Rule] = {}
-        self.rng = random.Random()
-        self.effects: dict[str, int] = {}
-        self.stored: dict[str, Stored] = {}
-        self.lookup: dict[str, bytes] = {}
-        self.in_flight: set[str] = set()
-        self.attempts: dict[str, int] = {}
-        self.log: list[tuple[int, dict[str, Any]]] = []
         self.seq = 0
         self.reset()
 
     def reset(self) -> None:
         with self.lock:
-            self.faults = copy.deepcopy(DEFAULT_FAULTS)
-            self.rules = {}
+            self.faults: dict[str, Any] = copy.deepcopy(DEFAULT_FAULTS)
+            self.rules: dict[str, Rule] = {}
             self.rng = random.Random(None)
-            self.effects = {}
-            self.stored = {}
-            self.lookup = {}
-            self.in_flight = set()
-            self.attempts = {}
-            self.log = []
+            self.effects: dict[str, int] = {}
+            self.stored: dict[str, Stored] = {}
+            self.lookup: dict[str, bytes] = {}
+            self.in_flight: set[str] = set()
+            self.attempts: dict[str, int] = {}
+            self.log: list[tuple[int, dict[str, Any]]] = []
 
     def set_faults(self, updates: Mapping[str, Any]) -> dict[str, Any]:
         clean = validate_faults(updates)
