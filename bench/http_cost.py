@@ -2,10 +2,9 @@
 
 - ``httpx``: ``httpx.Client.post`` on httpx's default transport, the body read whole and its
   JSON parsed (what the Celery-alone task does);
-- ``adapter``: ``HttpProvider.send``, the shipped path: ``PooledClient._exchange`` building
-  the request from what it merged once (URL, headers) and handing it to its
-  ``httpx.HTTPTransport`` (no ``httpx.Client``), the body streamed within the limit and the
-  deadline, the outcome classified;
+- ``adapter``: ``HttpProvider.send``, the shipped path: the provider's ``httpx.Client``
+  (``PooledClient._exchange``: ``build_request`` then ``send(stream=True)``), the body read
+  raw within the limit and the deadline, the outcome classified;
 - ``transport``: the floor on that transport: an ``httpx.Request`` built per POST (JSON body,
   the timeout extension) handed to ``httpx.HTTPTransport.handle_request``, the body read whole
   and its JSON parsed: what is left when every layer of ours and of the Client is gone.
