@@ -107,9 +107,7 @@ def require_extra(extra: str) -> None:
             ) from None
 
 
-def parse_since(
-    value: str, *, now: dt.datetime | None = None, option: str = "--since"
-) -> dt.datetime:
+def parse_since(value: str, *, option: str = "--since") -> dt.datetime:
     """``30m``, ``2h``, ``7d`` (also ``s``, ``w``) ago, or an ISO-8601 time (naive means UTC).
 
     Raises ``click.BadParameter`` naming ``option`` on anything else.
@@ -119,7 +117,7 @@ def parse_since(
     try:
         if match:
             amount = dt.timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
-            return (now or utcnow()) - amount
+            return utcnow() - amount
         moment = dt.datetime.fromisoformat(text)
     except (ValueError, OverflowError):
         pass

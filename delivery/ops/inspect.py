@@ -1,13 +1,8 @@
-"""Read the outbox: counts, ages and rates for dashboards, one message and its attempt log.
+"""Read the outbox: counts, ages and rates for dashboards, one message and its attempt log,
+and their JSON-ready views (recipient masked, payload hidden unless revealed).
 
 Every function takes a SQLAlchemy ``Session``, changes nothing and never commits. A ``ref`` is
 a message's idempotency key or, when it is all digits and no key matches, its numeric id.
-
-- Counts and ages: ``stats``, ``stats_by_provider``, ``oldest_pending_age``, ``relay_lag``,
-  ``rates`` (what ``delivery stats``, ``delivery watch`` and ``delivery metrics`` show).
-- Messages: ``find``, ``show``, ``dead``, ``dead_ids``.
-- JSON-ready views: ``message_dict`` (recipient masked and payload hidden unless revealed),
-  ``attempt_dict``.
 """
 
 from __future__ import annotations

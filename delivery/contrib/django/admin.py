@@ -1,20 +1,11 @@
 """The admin page of the outbox: messages by status, their attempt logs, and the ops actions.
 
-Recipients are masked and payloads shown by size only, as in ``delivery show``. The admin
-never writes a row itself: there is no add, no delete and no Save (``has_change_permission``
-is false, so the change page is Django's read-only view and a posted change form is refused
-with 403; ``save_model`` and ``delete_model`` raise as well). Messages change only through
-the actions, which are the CLI's conditional transitions (``delivery.ops``), each an UPDATE
-that names the status it expects, so a worker's ``sending -> sent`` or another operator's
-cancel committed meanwhile is reported, never overwritten:
-
-- *Redrive* is ``delivery.ops.redrive``: ``dead`` or ``unknown`` back to ``pending`` with the
-  same key (``unknown`` ones ask the provider first); nudged after commit.
-- *Cancel* is ``delivery.ops.cancel``: ``pending -> cancelled``.
-- *Resolve as sent* / *Resolve as dead* are ``delivery.ops.resolve``: settle an ``unknown``
-  message after checking with the provider.
-
-Running an action needs the model's ``change`` permission (``delivery_outbox.change_message``).
+Read-only, recipients masked and payloads shown by size (as in ``delivery show``): no add, no
+delete and no Save (``has_change_permission`` is false, so a posted change form is refused
+with 403; ``save_model`` and ``delete_model`` raise as well). Messages change only through the
+actions, ``delivery.ops``'s conditional ``redrive`` (nudged after commit), ``cancel`` and
+``resolve``, which report a message that moved meanwhile instead of overwriting it. They need
+the model's ``change`` permission (``delivery_outbox.change_message``).
 """
 
 from __future__ import annotations
