@@ -167,9 +167,9 @@ def new_console() -> Console:
     """A console for stdout. On a terminal, tables fit its width (long values fold); anywhere
     else (a pipe, a file, cron) nothing wraps, so ``grep KEY`` and ``cut`` see whole values."""
     console = Console(highlight=False, soft_wrap=False)
-    if console.is_terminal:
-        return console
-    return Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
 
 
 def cell(value: object) -> Text:

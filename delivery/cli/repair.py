@@ -25,7 +25,6 @@ from delivery.errors import MessageNotFound
 
 __all__ = ["cancel_command", "redrive_command", "resolve_command"]
 
-
 _BULK = 500
 
 

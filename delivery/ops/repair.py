@@ -104,25 +104,24 @@ def _redrive(
     results: list[RedriveResult] = []
     for ref, message in messages:
         previous = message.status
+        reason: str | None = None
         if previous not in allowed:
             reason = f"message is {previous}; only {' or '.join(allowed)} messages can be redriven"
-            results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
-            continue
-        if not transitions.redrive(session, message):
+        elif not transitions.redrive(session, message):
             reason = f"message changed to {message.status} while redriving; nothing done"
-            results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
-            continue
-        detail = "provider asked first (lookup)" if message.needs_lookup else "same key"
-        record(
-            session,
-            actor=actor,
-            action="redrive",
-            message=message,
-            from_status=previous,
-            to_status=Status.PENDING.value,
-            detail=detail,
+        else:
+            record(
+                session,
+                actor=actor,
+                action="redrive",
+                message=message,
+                from_status=previous,
+                to_status=Status.PENDING.value,
+                detail="provider asked first (lookup)" if message.needs_lookup else "same key",
+            )
+        results.append(
+            RedriveResult(ref, message.id, message.key, previous, reason is None, reason)
         )
-        results.append(RedriveResult(ref, message.id, message.key, previous, True))
     return results
 
 

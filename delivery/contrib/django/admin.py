@@ -100,34 +100,25 @@ def cancel(modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Mes
     _apply(modeladmin, request, queryset, ("Cancelled", "cancelled"), run)
 
 
-def _resolver(target: Status) -> Callable[[Session, list[str], str], list[_Done]]:
+def _resolve_action(
+    target: Status,
+) -> Callable[[_ModelAdmin, HttpRequest, QuerySet[Message]], None]:
+    """The action ``resolve_<target>``: ``delivery.ops.resolve``, ``unknown -> target``."""
+
     def run(session: Session, keys: list[str], actor: str) -> list[_Done]:
         results = [ops.resolve(session, key, target, actor=actor) for key in keys]
         return [(r.key, r.resolved, r.reason) for r in results]
 
-    return run
+    def action(modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        _apply(modeladmin, request, queryset, ("Resolved", "resolved"), run)
+
+    action.__name__ = f"resolve_{target.value}"  # the action's name in the admin's form
+    description = f"Resolve selected unknown messages as {target.value} (checked with the provider)"
+    return admin.action(description=description, permissions=["operate"])(action)
 
 
-@admin.action(
-    description="Resolve selected unknown messages as sent (checked with the provider)",
-    permissions=["operate"],
-)
-def resolve_sent(
-    modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]
-) -> None:
-    """``delivery.ops.resolve(..., "sent")``: ``unknown -> sent``, conditional."""
-    _apply(modeladmin, request, queryset, ("Resolved", "resolved"), _resolver(Status.SENT))
-
-
-@admin.action(
-    description="Resolve selected unknown messages as dead (checked with the provider)",
-    permissions=["operate"],
-)
-def resolve_dead(
-    modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]
-) -> None:
-    """``delivery.ops.resolve(..., "dead")``: ``unknown -> dead``, conditional."""
-    _apply(modeladmin, request, queryset, ("Resolved", "resolved"), _resolver(Status.DEAD))
+resolve_sent = _resolve_action(Status.SENT)
+resolve_dead = _resolve_action(Status.DEAD)
 
 
 class _ReadOnly:
