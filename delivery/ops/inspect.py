@@ -119,10 +119,7 @@ def _aware(value: dt.datetime) -> dt.datetime:
 
 
 def find(session: Session, ref: str) -> Message:
-    """The message whose key is ``ref``, else whose id is ``ref`` (all digits).
-
-    Raises ``MessageNotFound`` when neither matches.
-    """
+    """The message whose key is ``ref``, else whose id is ``ref``; ``MessageNotFound`` if none."""
     message = session.scalars(select(Message).where(Message.key == ref)).one_or_none()
     if message is None and ref.isascii() and ref.isdigit() and int(ref) <= _MAX_ID:
         message = session.get(Message, int(ref))
@@ -138,11 +135,8 @@ def dead(
     code: str | None = None,
     limit: int = 100,
 ) -> list[Message]:
-    """Dead messages, most recently updated first.
-
-    ``since`` keeps those updated at or after it; ``code`` those whose ``last_error_code`` is
-    exactly it; at most ``limit`` are returned.
-    """
+    """At most ``limit`` dead messages, most recently updated first: those updated at or after
+    ``since``, those whose ``last_error_code`` is ``code``."""
     query = _dead(select(Message), since, code)
     query = query.order_by(Message.updated_at.desc(), Message.id.desc()).limit(limit)
     return list(session.scalars(query))
