@@ -230,7 +230,6 @@ def progress_bar() -> Progress:
 
 def host_port_options(port: int) -> Callable[[F], F]:
     """``--host`` (default 127.0.0.1) and ``--port`` (default ``port``, 0 for any) of a server."""
-
     host = click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
     bind = click.option(
         "--port",
