@@ -13,7 +13,7 @@ or the migrations) and renders the answer; none holds a query of its own:
 - ``testing``: ``stub-provider``, ``demo``;
 - ``console``: ``console`` (the web console, ``delivery.console``);
 - ``flower``: ``flower`` (Flower with authentication and persistence);
-- ``common``: what they share (settings, the outbox session, tables, JSON, ``parse_since``).
+- ``common``: what they share (settings, the outbox session, tables, JSON, ``--since``).
 
 To add a command, write it in the module of its group, opening the outbox with
 ``open_session()`` (it never commits: the command does), and add it to ``main`` below.
@@ -37,9 +37,9 @@ from delivery.cli import (
     testing,
     watch,
 )
-from delivery.cli.common import DeliveryGroup, parse_since
+from delivery.cli.common import DeliveryGroup
 
-__all__ = ["main", "parse_since"]
+__all__ = ["main"]
 
 
 @click.group(cls=DeliveryGroup)

@@ -107,9 +107,7 @@ def require_extra(extra: str) -> None:
             ) from None
 
 
-def parse_since(
-    value: str, *, now: dt.datetime | None = None, option: str = "--since"
-) -> dt.datetime:
+def parse_since(value: str, *, option: str = "--since") -> dt.datetime:
     """``30m``, ``2h``, ``7d`` (also ``s``, ``w``) ago, or an ISO-8601 time (naive means UTC).
 
     Raises ``click.BadParameter`` naming ``option`` on anything else.
@@ -119,7 +117,7 @@ def parse_since(
     try:
         if match:
             amount = dt.timedelta(**{_UNITS[match.group(2)]: int(match.group(1))})
-            return (now or utcnow()) - amount
+            return utcnow() - amount
         moment = dt.datetime.fromisoformat(text)
     except (ValueError, OverflowError):
         pass
@@ -169,9 +167,9 @@ def new_console() -> Console:
     """A console for stdout. On a terminal, tables fit its width (long values fold); anywhere
     else (a pipe, a file, cron) nothing wraps, so ``grep KEY`` and ``cut`` see whole values."""
     console = Console(highlight=False, soft_wrap=False)
-    if console.is_terminal:
-        return console
-    return Console(highlight=False, soft_wrap=False, width=PIPE_WIDTH)
+    if not console.is_terminal:
+        console.width = PIPE_WIDTH
+    return console
 
 
 def cell(value: object) -> Text:
@@ -232,7 +230,6 @@ def progress_bar() -> Progress:
 
 def host_port_options(port: int) -> Callable[[F], F]:
     """``--host`` (default 127.0.0.1) and ``--port`` (default ``port``, 0 for any) of a server."""
-
     host = click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
     bind = click.option(
         "--port",

@@ -13,11 +13,11 @@ from pathlib import Path
 import click
 
 from delivery.cli.common import host_port_options, require_extra
+from delivery.console.auth import MIN_PASSWORD
 from delivery.errors import ConfigError
 
 __all__ = ["MIN_PASSWORD", "flower_command", "password_problem"]
 
-MIN_PASSWORD = 12
 PLACEHOLDERS = ("change-me", "changeme", "change_me", "password", "secret", "example", "admin")
 #: Columns of the tasks page: the uuid is the message key, args are (message_id, key).
 TASKS_COLUMNS = "name,uuid,state,args,retries,eta,exception,received,started,runtime,worker"

@@ -97,10 +97,8 @@ def dead_command(since: dt.datetime | None, code: str | None, limit: int, as_jso
 
 
 def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]) -> Table:
-    """Attempts numbered across redrives (``#``), each with its try number within its round,
-    and the operator actions (redrive, resolve, ...) between them. ``shown`` are the attempts'
-    dicts (``ops.attempt_dict``: error text masked); their error is printed, never the raw
-    stored text."""
+    """Attempts numbered across redrives (``#``) and the operator actions between them; the
+    error printed is the masked one of ``shown`` (``ops.attempt_dict``), never the stored text."""
     errors = {fields["id"]: fields["error"] for fields in shown}
     table = new_table(
         "#", "round", "when (UTC)", "what", "outcome", "http", "code", "ms", "error / detail"

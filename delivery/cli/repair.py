@@ -1,6 +1,5 @@
 """``delivery redrive``, ``delivery resolve``, ``delivery cancel``: repair messages
-(``delivery.ops.repair``). Each exits 1 when a ref was not repaired.
-"""
+(``delivery.ops.repair``). Each exits 1 when a ref was not repaired."""
 
 from __future__ import annotations
 
@@ -24,7 +23,6 @@ from delivery.cli.common import (
 from delivery.errors import MessageNotFound
 
 __all__ = ["cancel_command", "redrive_command", "resolve_command"]
-
 
 _BULK = 500
 

@@ -107,9 +107,8 @@ def watch_command(interval: float, once: bool, as_json: bool) -> None:
         with open_engine(settings) as engine:
             snapshot = _snapshot(engine, settings, breakers, None)
             if once or as_json or not console.is_terminal:
-                # One frame, or JSON lines, or no terminal to redraw in (a pipe, a file, a
-                # service's log): print each frame as it comes, so the output shows up now,
-                # not at Ctrl-C.
+                # One frame, JSON lines, or no terminal to redraw in (a pipe, a service's log):
+                # print each frame as it comes, so the output shows up now, not at Ctrl-C.
                 while True:
                     if as_json:
                         echo_json(snapshot)

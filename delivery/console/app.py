@@ -18,6 +18,7 @@ from delivery.config.loading import load_settings
 from delivery.config.settings import Settings
 from delivery.console.auth import Users, parse_users
 from delivery.console.context import ConsoleState
+from delivery.console.pages import register
 from delivery.errors import InvalidFilter, MessageNotFound
 from delivery.runtime.db import make_engine, make_sessionmaker
 
@@ -123,8 +124,6 @@ def create_app(
     @app.errorhandler(400)
     def bad_request(exc: Any) -> tuple[str, int]:
         return render_template("error.html", title="Bad request", problem=exc.description), 400
-
-    from delivery.console.pages import register
 
     register(app)
     return app

@@ -1,9 +1,8 @@
 """Who may use the console: operators (change things) and viewers (read only).
 
 ``DELIVERY_CONSOLE_AUTH=user:password[,user:password]`` names the operators and is required;
-``DELIVERY_CONSOLE_VIEWERS`` (same form) the read-only viewers. Passwords have 12 characters or
-more; a name may be in one list only. An error names the variable and the entry, never the
-password. Requests authenticate with HTTP Basic; passwords are compared in constant time.
+``DELIVERY_CONSOLE_VIEWERS`` (same form) the read-only viewers. An error names the variable and
+the entry, never the password. Requests authenticate with HTTP Basic, compared in constant time.
 
 Every form that changes something carries ``csrf_token`` (``Csrf``), an HMAC of the user's name
 under a key that lives as long as the console process: the browser sends HTTP Basic

@@ -53,14 +53,9 @@ def _apply(session: Session, request: BulkRequest, ids: Sequence[int]) -> tuple[
         return sum(r.redriven for r in results), skipped
     to_status = request.action.removeprefix("resolve-")
     keys = session.scalars(select(Message.key).where(Message.id.in_(ids)).order_by(Message.id))
-    changed, skipped = 0, []
-    for key in keys:
-        result = ops.resolve(session, key, to_status, actor=request.actor)
-        if result.resolved:
-            changed += 1
-        else:
-            skipped.append(f"{key}: {result.reason}")
-    return changed, skipped
+    resolved = [ops.resolve(session, key, to_status, actor=request.actor) for key in keys]
+    skipped = [f"{r.key}: {r.reason}" for r in resolved if not r.resolved]
+    return sum(r.resolved for r in resolved), skipped
 
 
 class Jobs:

@@ -1,27 +1,11 @@
 """Flask integration: ``Delivery(app)`` or ``Delivery().init_app(app)``.
 
-Reads the ``DELIVERY_*`` keys from ``app.config``, falling back to the environment (see
-``delivery.contrib.settings``); without ``DELIVERY_DATABASE_URL`` anywhere the outbox is the
-app's own ``SQLALCHEMY_DATABASE_URI``. The settings are made this process's with
-``delivery.configure``, and unless ``DELIVERY_NUDGE`` is false the Celery app ``delivery.worker`` is
-imported, which installs the post-commit nudge. Flask-SQLAlchemy's session passes straight
-to ``delivery.enqueue``::
-
-    db = SQLAlchemy(app)
-    Delivery(app)
-
-    @app.post("/signup")
-    def signup():
-        user = User(email=request.json["email"])
-        db.session.add(user)
-        db.session.flush()
-        delivery.enqueue(db.session, channel="email", to=user.email,
-                         payload={"template": "welcome"},
-                         key=delivery.key("signup", user.id, "welcome"))
-        db.session.commit()   # both rows or neither; the nudge publishes the message now
-
-Settings are process-wide: one configuration per process, set before the Celery app is first
-used.
+It reads the ``DELIVERY_*`` keys from ``app.config``, then the environment
+(``delivery.contrib.settings``; without a database URL the outbox is the app's own
+``SQLALCHEMY_DATABASE_URI``), makes them this process's settings (``delivery.configure``), and
+installs the post-commit nudge unless ``DELIVERY_NUDGE`` is false; Flask-SQLAlchemy's session
+then passes straight to ``delivery.enqueue``. An example:
+[docs/integrations.md](../../docs/integrations.md#flask).
 """
 
 from __future__ import annotations

@@ -1,16 +1,12 @@
 """The post-commit nudge, as seen from the framework integrations.
 
 The Celery app ``delivery.worker`` installs the nudge when it is imported
-(``delivery.outbox.enqueue.set_nudge``, with its publisher): a due message enqueued while it
-is installed is written already claimed, and after the caller's commit its task is published
-at once, so a message does not wait for the next beat tick (the beat relay remains the safety
-net). The integrations import ``delivery.worker`` only when asked to (``DELIVERY_NUDGE``, true
-by default), never at import time, so ``delivery`` itself stays free of Celery;
-``install_nudge_on_first_commit`` defers that import to the first commit that nudges.
-
-An integration whose framework commits (Django) hands the claimed rows to
-``publish_after_commit`` from its own on-commit hook; rows it put back to ``pending`` itself
-(a redrive) go to ``nudge_after_commit``, which claims them first, as the relay would.
+(``delivery.outbox.enqueue.set_nudge``): a due message enqueued while it is installed is
+written already claimed, and its task is published once the caller has committed, instead of
+at the next beat tick. The integrations import ``delivery.worker`` only when asked to
+(``DELIVERY_NUDGE``, true by default), never at import time, so ``delivery`` stays free of
+Celery. Django commits itself: it hands the claimed rows to ``publish_after_commit``, and the
+rows a redrive put back to ``pending`` to ``nudge_after_commit``, which claims them first.
 """
 
 from __future__ import annotations
@@ -47,10 +43,9 @@ def install_nudge() -> None:
 
 
 def install_nudge_on_first_commit() -> None:
-    """Install a nudge that imports ``delivery.worker`` (``install_nudge``) at the first commit
-    that needs it, then hands over to the real one: a process whose settings are not complete
-    for publishing (no broker) starts, and fails only where it would publish. A failing import
-    raises into ``outbox.publish_claimed``, which logs it and gives the rows back to the relay."""
+    """Install a nudge that imports ``delivery.worker`` at the first commit that needs it, then
+    hands over to the real one: a process without a broker starts, and fails only where it
+    would publish (``outbox.publish_claimed`` logs it and gives the rows back to the relay)."""
     outbox.set_nudge(_nudge_on_first_commit)
 
 
@@ -88,12 +83,9 @@ def publish_after_commit(claims: Sequence[Claim]) -> None:
 
 
 def nudge_after_commit(ids: Sequence[int]) -> None:
-    """Claim and publish the due ``pending`` rows of ``ids`` (the caller's transaction has
-    committed; ``outbox.NUDGE_MAX`` of them at most), as one relay batch would.
-
-    A failure is logged, never raised: the rows are committed and the beat relay will
-    publish them.
-    """
+    """Claim and publish the due ``pending`` rows of ``ids`` (``outbox.NUDGE_MAX`` at most) as
+    one relay batch would, once the caller has committed. A failure is logged, never raised:
+    the beat relay will publish them."""
     publisher = outbox._nudge
     ids = list(ids)[: outbox.NUDGE_MAX]  # the relay publishes the rest
     if publisher is None or not ids:

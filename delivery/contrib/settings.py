@@ -1,12 +1,10 @@
 """``DELIVERY_*`` settings from a web framework's configuration, falling back to the environment.
 
-The keys are the environment variables of ``delivery.config.loading`` (``DELIVERY_DATABASE_URL``,
-``DELIVERY_BROKER_URL``, ``DELIVERY_REDIS_URL``, ``DELIVERY_CONFIG``, ``DELIVERY_HOME``), read
-first from the framework's configuration, then from the environment, then from the
-framework's own database setting (``default_database_url``), so that the outbox lives in the
-app's database unless told otherwise. ``DELIVERY_OPTIONS`` may hold the TOML file's sections
-as a mapping (``{"channels": {"sms": {"provider": "stub"}}, ...}``) instead of
-``DELIVERY_CONFIG``; giving both is an error.
+Each of ``ENV_KEYS`` is read from the framework's configuration, then from the environment, and
+the database URL at last from the framework's own database setting (``default_database_url``),
+so that the outbox lives in the app's database unless told otherwise. ``DELIVERY_OPTIONS`` may
+hold the TOML file's sections as a mapping instead of ``DELIVERY_CONFIG``; giving both is an
+error.
 """
 
 from __future__ import annotations

@@ -1,25 +1,13 @@
 """Prometheus metrics: the outbox read on each scrape, and counters fed by the hooks.
 
-Two sources, because they live in different processes:
-
-- ``OutboxCollector`` (served by ``delivery metrics --port P``) queries the database and the
-  shared breaker state on every scrape, so its numbers are the truth whatever process wrote
-  them: ``delivery_messages{provider,status}``, ``delivery_dead_letter_messages{provider}``,
-  ``delivery_oldest_pending_age_seconds``, ``delivery_relay_lag_seconds``,
-  ``delivery_breaker_state{provider}`` (0 closed, 1 half-open, 2 open; only with a shared
-  Redis), ``delivery_breaker_failures{provider}`` and ``delivery_outbox_up``.
-- ``WorkerMetrics`` (served by each worker, see ``delivery.worker.metrics``) counts what happens
-  in the process that does it: ``delivery_attempts_total{provider,outcome}`` (one per provider call,
-  by outcome class), ``delivery_transitions_total{provider,from_status,to_status,outcome}``,
-  ``delivery_send_latency_seconds{provider}`` (enqueue -> provider accept: ``created_at`` ->
-  ``sent_at``), ``delivery_relay_batch_size`` and
-  ``delivery_breaker_transitions_total{provider,from_state,to_state}``. Register
-  ``observe_transition`` with ``delivery.observability.events.add_hook`` and
-  ``observe_breaker`` with ``delivery.guards.breaker.add_breaker_hook``.
-
-Multi-process: with ``PROMETHEUS_MULTIPROC_DIR`` set before ``prometheus_client`` is imported,
-every process writes its counters to files there and ``multiprocess_registry`` sums them (a
-prefork worker's children); see the prometheus_client docs on multiprocess mode.
+Two sources, because they live in different processes: ``OutboxCollector`` (served by
+``delivery metrics``) queries the database and the shared breakers on every scrape, so its
+numbers are the truth whatever process wrote them; ``WorkerMetrics`` (served by each worker,
+``delivery.worker.metrics``) counts what happens in the process that does it, fed by
+``observe_transition`` (an ``events.add_hook``) and ``observe_breaker`` (a
+``guards.breaker.add_breaker_hook``). The metrics are listed in
+[docs/operations.md](../../docs/operations.md#metrics-and-alerts); with
+``PROMETHEUS_MULTIPROC_DIR``, ``multiprocess_registry`` sums every process's files.
 """
 
 from __future__ import annotations
@@ -194,7 +182,7 @@ class WorkerMetrics:
 
     def _child(self, metric: Any, *labels: str) -> Any:
         """``metric.labels(*labels)``, kept: prometheus_client takes a lock and checks the
-        labels on every call (the worker's busiest frame on the batch path, ~6% of it)."""
+        labels on every call (a hot frame on the worker's batch path)."""
         key = (id(metric), *labels)
         child = self._children.get(key)
         if child is None:

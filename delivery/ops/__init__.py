@@ -1,20 +1,16 @@
 """Operations: what ops ask of the outbox and how they repair it, free of any CLI or web
-framework (the ``delivery`` CLI, the Django admin and the metrics exporter all call these).
+framework (the ``delivery`` CLI, the console, the Django admin and the metrics exporter all
+call these). Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides.
 
 - ``inspect``: read only: counts, ages and rates; one message and its attempt log; JSON views
   with the recipient masked.
 - ``repair``: ``redrive``, ``resolve``, ``cancel``: each one conditional UPDATE on the
   expected status that emits a ``Transition``.
 - ``prune``: delete final messages and their attempts in batches, never an open one.
-- ``audit``: one row per operator action (repairs, reveals, breaker resets) with its actor;
-  ``record``, ``entries``, ``reveal``, ``prune_audit_batch``.
+- ``audit``: one row per operator action (repairs, reveals, breaker resets) with its actor.
 - ``search``: the console's message search (keyset pages on indexed columns).
 - ``series``: per-minute counts, error rates and latency percentiles for charts.
 - ``timeline``: a message's attempts and the actions on it, in time order.
-
-Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides. The names
-below are the ops API (``delivery.ops.redrive``, ``delivery.ops.stats``, ...).
-
 - ``breakers``: each provider's breaker as a row, and an audited reset.
 
 May import: ``delivery.errors``, ``delivery.core`` (models, status), ``delivery.outbox``

@@ -5,9 +5,6 @@ recorded with the ``actor`` that made them: a console user (``console:ann``), th
 (``cli:$USER``), the Django admin (``admin:<username>``), or ``library`` when code calls
 ``delivery.ops`` without naming one. A row is written in the caller's transaction, so a repair
 that rolls back leaves no audit row and a committed one always has its row.
-
-``record`` writes one; ``entries`` reads them newest first, by keyset (``before`` an id);
-``prune_audit_batch`` deletes rows older than a cutoff, as ``prune`` does for messages.
 """
 
 from __future__ import annotations

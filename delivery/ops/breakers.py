@@ -79,8 +79,6 @@ def reset_breaker(session: Session, breakers: Breakers, provider: str, *, actor:
         session,
         actor=actor,
         action="breaker_reset",
-        from_status=None,
-        to_status=None,
         detail=f"breaker {provider}: {before} -> closed",
     )
     return before

@@ -1,13 +1,8 @@
-"""Read the outbox: counts, ages and rates for dashboards, one message and its attempt log.
+"""Read the outbox: counts, ages and rates for dashboards, one message and its attempt log,
+and their JSON-ready views (recipient masked, payload hidden unless revealed).
 
 Every function takes a SQLAlchemy ``Session``, changes nothing and never commits. A ``ref`` is
 a message's idempotency key or, when it is all digits and no key matches, its numeric id.
-
-- Counts and ages: ``stats``, ``stats_by_provider``, ``oldest_pending_age``, ``relay_lag``,
-  ``rates`` (what ``delivery stats``, ``delivery watch`` and ``delivery metrics`` show).
-- Messages: ``find``, ``show``, ``dead``, ``dead_ids``.
-- JSON-ready views: ``message_dict`` (recipient masked and payload hidden unless revealed),
-  ``attempt_dict``.
 """
 
 from __future__ import annotations
@@ -124,10 +119,7 @@ def _aware(value: dt.datetime) -> dt.datetime:
 
 
 def find(session: Session, ref: str) -> Message:
-    """The message whose key is ``ref``, else whose id is ``ref`` (all digits).
-
-    Raises ``MessageNotFound`` when neither matches.
-    """
+    """The message whose key is ``ref``, else whose id is ``ref``; ``MessageNotFound`` if none."""
     message = session.scalars(select(Message).where(Message.key == ref)).one_or_none()
     if message is None and ref.isascii() and ref.isdigit() and int(ref) <= _MAX_ID:
         message = session.get(Message, int(ref))
@@ -143,11 +135,8 @@ def dead(
     code: str | None = None,
     limit: int = 100,
 ) -> list[Message]:
-    """Dead messages, most recently updated first.
-
-    ``since`` keeps those updated at or after it; ``code`` those whose ``last_error_code`` is
-    exactly it; at most ``limit`` are returned.
-    """
+    """At most ``limit`` dead messages, most recently updated first: those updated at or after
+    ``since``, those whose ``last_error_code`` is ``code``."""
     query = _dead(select(Message), since, code)
     query = query.order_by(Message.updated_at.desc(), Message.id.desc()).limit(limit)
     return list(session.scalars(query))

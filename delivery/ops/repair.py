@@ -1,17 +1,12 @@
 """Repair messages: redrive, resolve, cancel.
 
-Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides (the
-``delivery`` CLI commits after a successful ``redrive``). Each repair is one conditional
-UPDATE on the expected status (``delivery.transitions.repair``, which emits its
-``Transition``): a concurrent change is reported, never overwritten, and every change writes an
-audit row (``actor``: who
-asked; see ``delivery.ops.audit``) in the same transaction.
+Each repair is one conditional UPDATE on the expected status (``delivery.transitions.repair``,
+which emits its ``Transition``): a concurrent change is reported, never overwritten. Every
+change writes an audit row (``actor``: who asked; ``delivery.ops.audit``) in the caller's
+transaction, and the caller commits.
 
-- ``redrive``: ``dead`` or ``unknown`` back to ``pending`` with the same key, so a provider
-  that deduplicates on it cannot deliver it twice, and a fresh budget of attempts (the
-  attempt count itself, the fence, never goes back). An ``unknown`` message may already have
-  been delivered, so it is redriven with ``needs_lookup`` set: the worker asks first when
-  its provider has a lookup.
+- ``redrive``: ``dead`` or ``unknown`` back to ``pending`` with the same key and a fresh budget
+  of attempts; an ``unknown`` one may have been delivered, so it gets ``needs_lookup``.
 - ``resolve``: an ``unknown`` message is declared ``sent`` or ``dead`` after a human checked.
 - ``cancel``: ``pending`` -> ``cancelled``; once dispatched it is too late.
 """
@@ -83,18 +78,13 @@ class CancelResult(_Repaired):
 def redrive(
     session: Session, refs: Sequence[str], *, actor: str = DEFAULT_ACTOR
 ) -> list[RedriveResult]:
-    """Put ``dead`` and ``unknown`` messages back to ``pending`` with the same key.
+    """Put ``dead`` and ``unknown`` messages back to ``pending`` with the same key, due now.
 
-    The message is due now with a fresh budget of attempts (as many as it was enqueued with); its
-    attempt count goes on from where it was (the fence of every conditional update never goes back,
-    and the attempt log numbers attempts across redrives); ``last_error_code``/``last_error`` are
-    kept for the record. A message that was ``unknown`` gets ``needs_lookup`` so that a provider
-    with a lookup is asked before it is sent again (one without is sent again with the same key).
-    Messages in any other status are left alone and reported with ``redriven=False`` and a reason.
-    Every ref is resolved before anything changes: a missing one raises ``MessageNotFound``. Each
-    update is conditional on the status, so a concurrent change is reported, never overwritten. The
-    caller commits; a ``Transition`` with ``outcome="redrive"`` is emitted for each redriven
-    message.
+    Each gets a fresh budget of attempts (as many as it was enqueued with); its attempt count
+    goes on (the fence of every conditional update never goes back) and its last error is kept.
+    An ``unknown`` one gets ``needs_lookup``: a provider with a lookup is asked before it is
+    sent again. Messages in any other status are reported with ``redriven=False`` and a reason.
+    Every ref is found before anything changes: a missing one raises ``MessageNotFound``.
     """
     return _redrive(session, [(ref, find(session, ref)) for ref in refs], actor)
 
@@ -114,25 +104,24 @@ def _redrive(
     results: list[RedriveResult] = []
     for ref, message in messages:
         previous = message.status
+        reason: str | None = None
         if previous not in allowed:
             reason = f"message is {previous}; only {' or '.join(allowed)} messages can be redriven"
-            results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
-            continue
-        if not transitions.redrive(session, message):
+        elif not transitions.redrive(session, message):
             reason = f"message changed to {message.status} while redriving; nothing done"
-            results.append(RedriveResult(ref, message.id, message.key, previous, False, reason))
-            continue
-        detail = "provider asked first (lookup)" if message.needs_lookup else "same key"
-        record(
-            session,
-            actor=actor,
-            action="redrive",
-            message=message,
-            from_status=previous,
-            to_status=Status.PENDING.value,
-            detail=detail,
+        else:
+            record(
+                session,
+                actor=actor,
+                action="redrive",
+                message=message,
+                from_status=previous,
+                to_status=Status.PENDING.value,
+                detail="provider asked first (lookup)" if message.needs_lookup else "same key",
+            )
+        results.append(
+            RedriveResult(ref, message.id, message.key, previous, reason is None, reason)
         )
-        results.append(RedriveResult(ref, message.id, message.key, previous, True))
     return results
 
 
@@ -142,8 +131,7 @@ def resolve(
     """Declare an ``unknown`` message ``sent`` or ``dead`` after checking with the provider.
 
     ``sent`` sets ``sent_at`` to now; ``dead`` keeps the last error for the record. Any other
-    status of the message is left alone and reported with ``resolved=False``. The caller
-    commits; a ``Transition`` with ``outcome="resolve"`` is emitted.
+    status of the message is left alone and reported with ``resolved=False``.
     """
     target = Status(to_status)
     if target not in RESOLVABLE:
@@ -171,9 +159,8 @@ def cancel(session: Session, ref: str, *, actor: str = DEFAULT_ACTOR) -> CancelR
     """Cancel a ``pending`` message: it will never be sent.
 
     A message a worker may already be sending (``dispatched``, ``sending``) is reported
-    ``too_late``; a final one is reported as such. The update is conditional on
-    ``pending``, so a relay that claims it at the same moment wins and ``too_late`` is
-    reported. The caller commits; a ``Transition`` with ``outcome="cancel"`` is emitted.
+    ``too_late``; a final one is reported as such. A relay that claims it at the same moment
+    wins and ``too_late`` is reported.
     """
     message = find(session, ref)
     previous = message.status

@@ -48,13 +48,12 @@ class MessageFilter:
 
     def query_params(self) -> dict[str, str]:
         """The filter as query-string values (for links to the next page)."""
-        params: dict[str, str] = {}
-        for name in FILTER_FIELDS:
-            value = getattr(self, name)
-            if value is None:
-                continue
-            params[name] = value.isoformat() if isinstance(value, dt.datetime) else str(value)
-        return params
+        values = {name: getattr(self, name) for name in FILTER_FIELDS}
+        return {
+            name: value.isoformat() if isinstance(value, dt.datetime) else str(value)
+            for name, value in values.items()
+            if value is not None
+        }
 
     @property
     def prefix(self) -> str | None:

@@ -1,9 +1,7 @@
 """A message's timeline: its attempts and the operator actions on it, in time order.
 
-Attempt numbers restart at 1 after a redrive (the message gets its full budget again), so
-the log alone would show two attempts numbered 1. The timeline numbers every provider call
-in sequence (``seq``), keeps the attempt's own ``number`` within its ``round`` (a redrive
-opens the next round), and places the audit row of the redrive between them.
+Every provider call is numbered in sequence (``seq``); a redrive opens the next ``round``, and
+its audit row sits between the two.
 """
 
 from __future__ import annotations

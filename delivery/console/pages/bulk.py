@@ -18,7 +18,7 @@ __all__ = ["blueprint"]
 
 blueprint = Blueprint("bulk", __name__)
 
-# action -> (the status it applies to, its label)
+# action -> (the status it applies to, its label, the job's action)
 _BULK = {
     "redrive-dead": (Status.DEAD, "Redrive", "redrive"),
     "redrive-unknown": (Status.UNKNOWN, "Redrive (lookup first)", "redrive"),

@@ -33,14 +33,12 @@ _APPLIES = {
 }
 
 
-def _supports_lookup(provider: str) -> bool | None:
+def _supports_lookup(provider: str) -> bool:
     config = state().settings.providers.get(provider)
-    if config is None:
-        return None
     try:
-        return adapter_for(config.kind).supports_lookup
+        return config is not None and adapter_for(config.kind).supports_lookup
     except ConfigError:
-        return None
+        return False
 
 
 def describe(action: str, message: Message) -> str:

@@ -1,20 +1,11 @@
 """The admin page of the outbox: messages by status, their attempt logs, and the ops actions.
 
-Recipients are masked and payloads shown by size only, as in ``delivery show``. The admin
-never writes a row itself: there is no add, no delete and no Save (``has_change_permission``
-is false, so the change page is Django's read-only view and a posted change form is refused
-with 403; ``save_model`` and ``delete_model`` raise as well). Messages change only through
-the actions, which are the CLI's conditional transitions (``delivery.ops``), each an UPDATE
-that names the status it expects, so a worker's ``sending -> sent`` or another operator's
-cancel committed meanwhile is reported, never overwritten:
-
-- *Redrive* is ``delivery.ops.redrive``: ``dead`` or ``unknown`` back to ``pending`` with the
-  same key (``unknown`` ones ask the provider first); nudged after commit.
-- *Cancel* is ``delivery.ops.cancel``: ``pending -> cancelled``.
-- *Resolve as sent* / *Resolve as dead* are ``delivery.ops.resolve``: settle an ``unknown``
-  message after checking with the provider.
-
-Running an action needs the model's ``change`` permission (``delivery_outbox.change_message``).
+Read-only, recipients masked and payloads shown by size (as in ``delivery show``): no add, no
+delete and no Save (``has_change_permission`` is false, so a posted change form is refused
+with 403; ``save_model`` and ``delete_model`` raise as well). Messages change only through the
+actions, ``delivery.ops``'s conditional ``redrive`` (nudged after commit), ``cancel`` and
+``resolve``, which report a message that moved meanwhile instead of overwriting it. They need
+the model's ``change`` permission (``delivery_outbox.change_message``).
 """
 
 from __future__ import annotations
@@ -109,34 +100,25 @@ def cancel(modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Mes
     _apply(modeladmin, request, queryset, ("Cancelled", "cancelled"), run)
 
 
-def _resolver(target: Status) -> Callable[[Session, list[str], str], list[_Done]]:
+def _resolve_action(
+    target: Status,
+) -> Callable[[_ModelAdmin, HttpRequest, QuerySet[Message]], None]:
+    """The action ``resolve_<target>``: ``delivery.ops.resolve``, ``unknown -> target``."""
+
     def run(session: Session, keys: list[str], actor: str) -> list[_Done]:
         results = [ops.resolve(session, key, target, actor=actor) for key in keys]
         return [(r.key, r.resolved, r.reason) for r in results]
 
-    return run
+    def action(modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]) -> None:
+        _apply(modeladmin, request, queryset, ("Resolved", "resolved"), run)
+
+    action.__name__ = f"resolve_{target.value}"  # the action's name in the admin's form
+    description = f"Resolve selected unknown messages as {target.value} (checked with the provider)"
+    return admin.action(description=description, permissions=["operate"])(action)
 
 
-@admin.action(
-    description="Resolve selected unknown messages as sent (checked with the provider)",
-    permissions=["operate"],
-)
-def resolve_sent(
-    modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]
-) -> None:
-    """``delivery.ops.resolve(..., "sent")``: ``unknown -> sent``, conditional."""
-    _apply(modeladmin, request, queryset, ("Resolved", "resolved"), _resolver(Status.SENT))
-
-
-@admin.action(
-    description="Resolve selected unknown messages as dead (checked with the provider)",
-    permissions=["operate"],
-)
-def resolve_dead(
-    modeladmin: _ModelAdmin, request: HttpRequest, queryset: QuerySet[Message]
-) -> None:
-    """``delivery.ops.resolve(..., "dead")``: ``unknown -> dead``, conditional."""
-    _apply(modeladmin, request, queryset, ("Resolved", "resolved"), _resolver(Status.DEAD))
+resolve_sent = _resolve_action(Status.SENT)
+resolve_dead = _resolve_action(Status.DEAD)
 
 
 class _ReadOnly:

@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from typing import Any, cast
 
 from django.db import connections
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import URL, Engine, create_engine
 from sqlalchemy.orm import Session
 from sqlalchemy.pool import NullPool
 
@@ -70,8 +70,6 @@ def _driver_url(vendor: str) -> str:
 
 def sqlalchemy_url(using: str) -> str:
     """A SQLAlchemy URL for ``DATABASES[using]``: where the worker reads what Django writes."""
-    from sqlalchemy.engine import URL
-
     wrapper = connections[using]
     params = wrapper.settings_dict
     driver = _driver_url(wrapper.vendor).removesuffix("://")

@@ -1,12 +1,9 @@
 """Unmanaged Django models over the tables ``delivery db upgrade`` creates.
 
-The outbox has one schema, owned by the Alembic migrations shipped in ``delivery``. These
-models only *describe* it (``managed = False``): Django creates, alters and drops nothing,
-and ``manage.py migrate`` has no migration for this app. ``tests/test_django.py`` checks that
-every field matches its SQLAlchemy column (name, type, length, nullability).
-
-Write through ``delivery.contrib.django.enqueue`` and the admin actions, which keep to the
-state machine (``delivery.core.status``); the models are for reading, filtering and reporting.
+The outbox has one schema, owned by the Alembic migrations shipped in ``delivery``: these
+models only describe it (``managed = False``), for reading, filtering and reporting, and
+``tests/test_django.py`` checks that every field matches its SQLAlchemy column. Write through
+``delivery.contrib.django.enqueue`` and the admin actions, which keep to the state machine.
 """
 
 from __future__ import annotations

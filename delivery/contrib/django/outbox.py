@@ -2,10 +2,8 @@
 
 It runs inside ``transaction.atomic(using=...)``: within the caller's ``atomic`` block it is
 a savepoint of the caller's transaction (rollback: no row, no send); outside one, its own
-transaction. A due message is written claimed when the nudge is installed
-(``delivery.outbox.enqueue``), and its publish is registered with ``transaction.on_commit``,
-so it runs only once the outermost transaction has committed, and never after a rollback
-(of that transaction or of the savepoint that wrote the row).
+transaction. The publish of a row it wrote claimed is registered with ``transaction.on_commit``,
+so it runs only once the outermost transaction has committed, never after a rollback.
 """
 
 from __future__ import annotations
