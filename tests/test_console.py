@@ -241,13 +241,21 @@ def test_message_page_opens_by_key_or_id_and_shows_the_timeline(
     attempts with codes, what round and try count; no Flower link without
     DELIVERY_FLOWER_URL (the demo runs no Flower); an unknown ref is a 404."""
     message = add(session, "order-7:receipt", "dead", last_error_code="21211", attempts=1)
+    # Stored as an older release stored it, before provider text was masked on write.
+    error = f"The 'To' number {RECIPIENT} is not a valid phone number."
     add_attempt(
-        session, message.id, "permanent", http_status=400, error_code="21211", latency_ms=12.0
+        session,
+        message.id,
+        "permanent",
+        http_status=400,
+        error_code="21211",
+        latency_ms=12.0,
+        error=error,
     )
     for ref in ("order-7:receipt", str(message.id)):
         page = get(client, f"/messages/{ref}").get_data(as_text=True)
         assert "order-7:receipt" in page and "21211" in page and "permanent" in page
-        assert RECIPIENT not in page
+        assert RECIPIENT not in page and "is not a valid phone number" in page
         assert "/task/" not in page and "Flower" not in page
         assert "try N: the message's attempt count at that call, across rounds" in page
     assert get(client, "/messages/nope").status_code == 404

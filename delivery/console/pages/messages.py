@@ -64,7 +64,7 @@ def describe(action: str, message: Message) -> str:
         )
         return (
             f"It goes back to pending and is sent again with the same key {key!r} "
-            f"({dedupe}); its attempts restart at 0 of {message.max_attempts}."
+            f"({dedupe}); it gets {message.max_attempts - message.budget_start} more attempts."
         )
     if action == "resolve-sent":
         return (
@@ -103,6 +103,8 @@ def _message_page(message: Message, revealed: dict[str, object] | None = None) -
         data=revealed or ops.message_dict(message),
         revealed=revealed is not None,
         events=ops.timeline(session, message, attempts),
+        # Stored attempt text is masked as ``ops.show`` and the CLI mask it (older rows too).
+        errors={a.id: ops.attempt_dict(a, recipient=message.recipient)["error"] for a in attempts},
         actions=[(a, ACTIONS[a]) for a in _APPLIES.get(message.status, [])],
     )
 
