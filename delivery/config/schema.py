@@ -229,8 +229,7 @@ class ChannelTable(Table):
 
 
 class Channels(Table):
-    """``[channels]``: one table per channel; without any, every channel uses the first
-    provider."""
+    """``[channels]``: one table per channel (none: each through the first provider)."""
 
     email: ChannelTable | None = None
     sms: ChannelTable | None = None
