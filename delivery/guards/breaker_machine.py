@@ -96,9 +96,7 @@ def config_args(config: BreakerConfig, probe_ttl: float) -> tuple[Any, ...]:
 
 
 # ARGV: op (allow | record | peek | reset), token, verdict (success | failure | neutral),
-# successes, released, then config_args: failure_rate, minimum_calls, consecutive_failures,
-# failure_threshold, window, reset_timeout, close_at, reopen_at, probe_ttl, half_open_poll,
-# buckets; then count (allow: the calls asking at once). KEYS[1]: the breaker's hash.
+# successes, released, *config_args, count (allow: the calls asking at once). KEYS[1]: the hash.
 LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
