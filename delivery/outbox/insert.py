@@ -7,8 +7,9 @@ breaks the caller's transaction, run with SQLAlchemy's public execution: events,
 statement is compiled once per dialect (``compiled_insert``), each value going through its
 column type's bind processing, and the ``Message`` it returns is attached to the session as a
 loaded one: nothing to flush, nothing to load. On PostgreSQL through psycopg a chunk is
-binary arrays unnested by the server (``_shape``); with another PostgreSQL driver it is the
-same statement built by SQLAlchemy; on SQLite a multi-row ``VALUES``.
+arrays unnested by the server (``_shape``), sent in binary (``%b``: psycopg's text arrays
+quote every element in Python); with another PostgreSQL driver it is the same statement
+built by SQLAlchemy; on SQLite a multi-row ``VALUES``.
 """
 
 from __future__ import annotations
