@@ -1,24 +1,15 @@
 """Read settings from the environment and a TOML file, checking every value.
 
-Environment:
+The variables are those of docs/configuration.md. With none of ``DELIVERY_DATABASE_URL``,
+``DELIVERY_BROKER_URL`` and ``DELIVERY_REDIS_URL`` set, the embedded default applies: a
+SQLite outbox and a file broker in ``DELIVERY_HOME``. Once one is set, the database and the
+broker must both be: a half-configured process (say, an app with a database URL but no
+broker, which would publish to a file no worker reads) fails at start-up with a
+``ConfigError`` naming the missing variable.
 
-- ``DELIVERY_DATABASE_URL``: SQLAlchemy URL of the outbox; ``postgres://`` and
-  ``postgresql://`` get the installed driver (``postgresql+psycopg://``).
-- ``DELIVERY_BROKER_URL``: Celery broker.
-- ``DELIVERY_REDIS_URL``: Redis for shared state such as the circuit breaker (optional).
-
-With none of these three set, the embedded default applies: a SQLite outbox and a file broker
-in ``DELIVERY_HOME`` (``./.delivery``). Once one is set, the database and the broker must both
-be: a half-configured process (say, an app with a database URL but no broker, which would
-publish to a file no worker reads) fails at start-up with a ``ConfigError`` naming the missing
-variable.
-- ``DELIVERY_CONFIG``: path of a TOML file with the sections below (optional).
-
-The TOML file's tables (``[delivery]``, ``[backoff]``, ``[timeouts]``, ``[providers.NAME]``,
-``[channels.NAME]``, ``[types.NAME]``) and every check on them are ``delivery.config.schema``'s
-(``delivery config schema`` prints them as a JSON Schema, ``delivery config example`` prints a
-commented file); this module reads the file and builds the frozen ``Settings`` from it.
-Nothing here reads ``os.environ`` at import time.
+The TOML file (``DELIVERY_CONFIG``) and every check on it are ``delivery.config.schema``'s;
+this module reads the file and builds the frozen ``Settings`` from it. Nothing here reads
+``os.environ`` at import time.
 """
 
 from __future__ import annotations

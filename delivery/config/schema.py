@@ -2,13 +2,11 @@
 
 Tables refuse unknown keys, numbers are finite and in range, choices are enums, and checks
 across keys (leases, references between tables) are model validators that name the key the
-file sets, never a default it did not write (``timeouts.read`` when it pushes a provider's
-total past ``send_lease``). ``parse`` turns the first error into one ``ConfigError`` naming
-the dotted key (``delivery.config.problems``).
-A ``[providers.NAME]`` table also takes its adapter's ``config_keys``
-(``delivery.providers.registry``), checked by a model built from them; the JSON Schema
-(``delivery config schema``) lists the built-in adapters' keys. Defaults are those of
-``delivery.config.settings``, whose frozen classes ``delivery.config.loading`` builds.
+file sets, never a default it did not write. ``parse`` turns the first error into one
+``ConfigError`` naming the dotted key (``delivery.config.problems``). A ``[providers.NAME]``
+table also takes its adapter's ``config_keys`` (``delivery.providers.registry``); the JSON
+Schema (``delivery config schema``) lists the built-in adapters' keys. Defaults are those of
+``delivery.config.settings``.
 """
 
 from __future__ import annotations
@@ -229,8 +227,7 @@ class ChannelTable(Table):
 
 
 class Channels(Table):
-    """``[channels]``: one table per channel; without any, every channel uses the first
-    provider."""
+    """``[channels]``: one table per channel (none: each through the first provider)."""
 
     email: ChannelTable | None = None
     sms: ChannelTable | None = None

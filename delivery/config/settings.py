@@ -65,20 +65,8 @@ class Backoff:
 
 @dataclass(frozen=True, slots=True)
 class BreakerConfig:
-    """A provider's circuit breaker (``delivery.guards.breaker``, whose docstring has the
-    reasoning behind these defaults). It opens on an outage, not on a provider that mostly
-    works: 30% of answers lost or 15% of 503s leave it closed.
-
-    Closed -> open when, among the calls of the last ``window`` seconds, transient failures
-    are at least ``failure_rate`` of at least ``minimum_calls`` calls; or after
-    ``consecutive_failures`` transient failures in a row (a dead provider, at any volume; 0
-    turns it off); or, if ``failure_threshold`` is above 0, after that many failures in the
-    window whatever the volume (for low-volume senders). After ``reset_timeout`` seconds it
-    lets ``half_open_probes`` probes go, one at a time, and closes as soon as their failure
-    rate can no longer reach ``failure_rate``, or reopens as soon as it cannot fall below it.
-    ``enabled = False`` sends without a breaker. ``on_redis_error``: ``local`` (each process
-    keeps its own breaker while Redis is unreachable) or ``allow`` (send without one meanwhile).
-    """
+    """A provider's circuit breaker, ``[providers.NAME.breaker]``: docs/configuration.md says
+    what each key does, ``delivery.guards.breaker`` why these are the defaults."""
 
     failure_rate: float = 0.5
     minimum_calls: int = 40

@@ -1,24 +1,13 @@
 """Bounds on what comes from outside: the one place provider text becomes storable.
 
 A provider (or a webhook receiver, which may be an attacker) controls status codes, headers
-and bodies. Everything of theirs that we keep or print passes through here:
-
-- ``text(value, limit, recipient)``: a reason or message text. Control, format and surrogate
-  characters become spaces (a terminal or a database never sees them), the message's own
-  ``recipient`` and anything shaped like a phone number (7 or more digits, in any common
-  spelling) or an email address is masked (``[recipient]``, ``[number]``, ``[email]``), and
-  the result is cut to ``limit`` characters (``…`` marks a cut). G6: a provider's text that
-  names the recipient never reaches a log, an exception or the CLI.
-- ``code(value)``: an error code, the same, cut to ``CODE_LENGTH`` (its columns).
-- ``ref(value)``: a provider reference, control characters removed, cut to ``REF_LENGTH``
-  (not masked: a reference may be all digits).
-- ``delay(seconds)``: a wait a provider asked for, clamped to ``0 .. MAX_RETRY_AFTER``
-  (``None`` for NaN or garbage).
-- ``printable(value)``: control characters out of anything printed to a terminal.
-
-The outcome classes (``delivery.core.outcomes``) apply these on construction, so every
-outcome any adapter builds fits its columns; ``delivery.providers.calls`` adds the message's
-own recipient.
+and bodies. Everything of theirs that we keep or print passes through here: control, format
+and surrogate characters become spaces, the message's recipient and anything shaped like a
+phone number or an email address is masked (G6: a provider's text that names the recipient
+never reaches a log, an exception or the CLI; in a provider reference, which may be all
+digits, only the recipient is), each value is cut to its column, and a requested wait is
+clamped. The outcome classes (``delivery.core.outcomes``) apply these on construction;
+``delivery.providers.calls`` adds the message's own recipient.
 """
 
 from __future__ import annotations

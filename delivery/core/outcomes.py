@@ -15,13 +15,8 @@ A lookup (``GET ?idempotency_key=``) answers ``Found``, ``Absent`` or ``LookupFa
 
 ``classify_exception`` is the one place where httpx's exceptions become outcomes: a connect
 error or timeout means the request never left (safe to retry); any error after that means
-the provider may have acted (unknown).
-
-Every outcome is bounded when it is built (``delivery.core.bounds``): codes fit their
-64-character columns, reasons are at most 500 characters with control characters removed
-and phone numbers and email addresses masked, provider references fit 255 characters, an
-HTTP status outside 100-999 is dropped, and ``retry_after`` is clamped to
-``0 .. MAX_RETRY_AFTER`` (one day). So whatever an adapter builds can be stored and printed.
+the provider may have acted (unknown). Every outcome is bounded when it is built
+(``delivery.core.bounds``), so whatever an adapter builds can be stored and printed.
 """
 
 from __future__ import annotations
@@ -50,6 +45,7 @@ __all__ = [
     "bounded",
     "classify_exception",
     "classify_response",
+    "parse_json",
     "parse_retry_after",
 ]
 
@@ -189,7 +185,8 @@ def parse_retry_after(value: str | None, now: dt.datetime | None = None) -> floa
     return bounds.delay(seconds)
 
 
-def _json(response: httpx.Response) -> Any:
+def parse_json(response: httpx.Response) -> Any:
+    """The answer's JSON value; None for an empty body or one that is not JSON."""
     try:
         return json.loads(response.content) if response.content else None
     except ValueError:
@@ -213,7 +210,7 @@ def classify_response(
 ) -> Outcome:
     """Map one HTTP answer of the reference protocol to an outcome."""
     status = response.status_code
-    body = _json(response)
+    body = parse_json(response)
     if 200 <= status < 300:
         ref = body.get(ref_field) if isinstance(body, dict) else None
         if ref not in (None, ""):

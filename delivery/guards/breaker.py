@@ -1,75 +1,37 @@
 """A circuit breaker per provider, shared by every worker process through Redis
-(docs/concepts.md, "Circuit breaker").
-
-::
+(docs/concepts.md, "Circuit breaker", says what it does and what counts as a failure)::
 
     closed ──the window's failure rate, or a run of failures, says outage──▶ open
     open ──reset_timeout s passed; the next caller──▶ half_open
     half_open ──probes, one at a time, until their failure rate decides──▶ closed | open
     any ──`delivery breaker reset PROVIDER`──▶ closed
 
-**What counts** (the sender maps each outcome to a ``Verdict``): a transient failure is a
-network error (connect refused or timed out, or an *unknown* outcome: the answer lost after
-the request was written, which is the provider failing to answer), a 5xx, a 429, a 408 or 425.
-A 4xx never counts, nor does a lookup that failed (it says nothing about sending) or a 409
-``IDEMPOTENCY_IN_PROGRESS`` (the provider is up and still busy with our earlier attempt):
-those are neutral. Successes are a delivery, and a lookup that answered (found the key, did
-not, or found it undeliverable).
+**Why a rate and these defaults** (``BreakerConfig``). A count alone does not scale with
+traffic (at 100 msg/s five failures a minute are 0.08%); a rate does, and a provider that
+loses 30% of its answers must stay closed. At ``minimum_calls`` (40) the rate rule trips it
+falsely with P(Binomial(40, 0.3) >= 20) = 0.6% (0.8% over the ramp from 40 to 80 calls, by
+simulation), against 4.8% (5.8%) with a minimum of 20; at 100 calls in the window it is 2e-5,
+and with 15% failures (503s) 2e-7 at 40 calls. The run rule (``consecutive_failures``, 10)
+finds a dead provider in a constant number of requests at any volume, also when the window
+is full of earlier successes; it trips a 30%-failing provider once in 1/(0.7 * 0.3^10) =
+240,000 calls (about 1.5 times an hour at 100 msg/s), a 15%-failing one once in 2e8 calls.
+A full outage costs 10 failures to trip, plus the calls in flight (at most the worker slots
+minus one), plus ``reopen_at`` probes (3) per reset_timeout.
 
-**Closed -> open** (``BreakerConfig``), on the calls of a rolling ``window`` (60 s), each call
-counted by ``allow``: any of
-
-- the rate rule: failures >= ``failure_rate`` (0.5) of the calls, once there were at least
-  ``minimum_calls`` (40). A count alone does not scale with traffic: at 100 msg/s five
-  failures a minute are 0.08%; a rate does.
-- the run rule: ``consecutive_failures`` (10) transient failures in a row, with no success
-  between. It finds a dead provider in a constant number of requests at any volume, also
-  when the window is full of earlier successes that would dilute the rate.
-- the count rule, off by default: ``failure_threshold`` failures in the window whatever the
-  volume, for senders too quiet to reach ``minimum_calls``.
-
-**Why these defaults.** A provider that loses 30% of its answers must stay closed. At the
-minimum volume the rate rule trips it falsely with P(Binomial(40, 0.3) >= 20) = 0.6% (0.8%
-over the ramp from 40 to 80 calls, by simulation), against 4.8% (5.8%) with a minimum of 20;
-at 100 calls in the window it is 2e-5, and with 15% failures (503s) 2e-7 at 40 calls. The run
-rule trips a 30%-failing provider once in 1/(0.7 * 0.3^10) = 240,000 calls (about 1.5 times
-an hour at 100 msg/s, each costing one reset_timeout), a 15%-failing one once in 2e8 calls.
-A full outage costs: 10 failures to trip, plus the calls already in flight (at most the
-worker slots minus one), plus ``reopen_at`` probes (3) per reset_timeout: 10 + 7 + 3 = 20 for
-a 60 s outage with 8 worker slots (one half-open episode inside it); ``bench.breaker``
-measured 16, against 1,084 with the breaker disabled.
-
-**Half-open.** ``half_open_probes`` (5) probes, one at a time; it closes as soon as their
+**Half-open.** ``half_open_probes`` (5) probes, one at a time: it closes as soon as their
 failure rate can no longer reach ``failure_rate`` (3 successes of 5) and reopens as soon as
 it cannot fall below it (3 failures of 5): ``breaker_machine.probe_rule``. A 70%-healthy
-provider closes at the first episode with P(Binomial(5, 0.7) >= 3) = 84% (the old rule, two
-good probes in a row, any failure reopening it: 49%), and then stays closed, since the rate
-rule does not trip at 30%; a dead provider costs 3 requests per episode; a 20%-healthy one
-closes with 6%. Closing forgets the window and the run.
+provider closes at the first episode with P(Binomial(5, 0.7) >= 3) = 84% and then stays
+closed; a dead one costs 3 requests per episode. Closing forgets the window and the run.
+The probe token expires after ``probe_ttl`` (the send lease), so a worker that died mid-probe
+does not wedge it; callers behind a probe in flight come back within ``HALF_OPEN_POLL`` s.
 
-In ``half_open`` one caller at a time holds the probe token. The token expires after
-``probe_ttl`` seconds (the send lease), so a worker that died mid-probe does not wedge it.
-Callers turned away by a probe in flight are told to come back within ``HALF_OPEN_POLL`` s.
-Probe calls are judged by the closing rule, not counted in the window. ``record`` answers
-whether the call was a failed probe and, when the breaker is open after it, its next probe
-time (``Recorded``): the sender gives a failed probe's attempt back, since a probe tests the
-provider for every message, and retries no failed call before that time
-(``delivery.sending.settle``).
-
-**Round trips.** The state is one Redis hash (``delivery:breaker:{NAME}``, the window's
-buckets included), changed only by one Lua script on Redis's own clock: one EVALSHA before a
-send (``allow``, which also counts the call; ``allow_many`` asks for a batch's calls to one
-provider in one EVALSHA, each permit then used, recorded or released on its own), and one
-after it only for a failure or a probe.
-A plain success costs nothing: this process remembers it and reports it with its next step
-(it resets the run of failures then), as it does permits released unused. If Redis is
-unreachable, ``on_redis_error`` decides: ``local`` (default) applies the same rules in this
-process only, ``allow`` sends with no breaker. Either way the worker logs it once and goes
-on; Redis is tried again after ``REDIS_RETRY`` s. With no ``DELIVERY_REDIS_URL`` every
-breaker is local. ``enabled = false`` turns a provider's breaker off.
-
-Every transition is one JSON line on the ``delivery.breaker`` logger and a frozen
-``BreakerTransition`` passed to the hooks registered with ``add_breaker_hook``.
+**Round trips.** The state is one Redis hash (``delivery:breaker:{NAME}``), changed only by
+one Lua script on Redis's own clock: one EVALSHA before a send (``allow``, or ``allow_many``
+for a batch's calls to one provider), and one after it only for a failure or a probe. A plain
+success, or a permit released unused, is reported with this process's next step. If Redis
+is unreachable, ``on_redis_error`` decides (``local``: the same rules in this process;
+``allow``: no breaker); Redis is tried again after ``REDIS_RETRY`` s.
 """
 
 from __future__ import annotations

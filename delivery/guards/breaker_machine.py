@@ -1,20 +1,16 @@
 """The circuit breaker's state machine, twice: the Lua script Redis runs for every worker, and
-its twin in this process's memory, step for step (``on_redis_error = "local"``, or no Redis).
+its twin in this process's memory, step for step (``on_redis_error = "local"``, or no Redis);
+``tests/test_breaker.py`` runs both through the same steps.
 
 Each step takes an op (``allow``, ``record``, ``peek``, ``reset``), the caller's probe token, a
-``Verdict``, what this process has to report since its last step (``successes``: plain
-successes, which reset the run of consecutive failures; ``released``: permits given back
-unused, which are taken off the calls of the window) and, for ``allow``, how many calls ask at
-once (``count``: a batch's rows of one provider; closed counts them all, half-open grants at
-most one probe), and answers a ``Reply``; ``next_at`` is when a refused caller may ask again
-(``allow``, ``peek``) or, after a ``record`` that leaves the breaker open, its next probe time.
-The states and transitions, and what counts as a failure, are drawn in
-``delivery.guards.breaker``'s docstring; ``tests/test_breaker.py`` runs both machines through
-the same steps.
+``Verdict``, what this process has to report since its last step (``successes``, which reset
+the run of failures; ``released``: permits given back unused, taken off the window's calls)
+and, for ``allow``, how many calls ask at once (``count``: closed counts them all, half-open
+grants at most one probe). It answers a ``Reply``, whose ``next_at`` is when a refused caller
+may ask again or, after a ``record`` that leaves the breaker open, its next probe time.
 
 The rolling window is ``BUCKETS`` buckets of ``window / BUCKETS`` seconds, each holding the
-calls (counted by ``allow``) and the transient failures (counted by ``record``) that fell in
-it: the window covers the last ``window`` seconds to within one bucket, in constant space.
+calls and the transient failures that fell in it: constant space, exact to within one bucket.
 """
 
 from __future__ import annotations
@@ -100,9 +96,7 @@ def config_args(config: BreakerConfig, probe_ttl: float) -> tuple[Any, ...]:
 
 
 # ARGV: op (allow | record | peek | reset), token, verdict (success | failure | neutral),
-# successes, released, then config_args: failure_rate, minimum_calls, consecutive_failures,
-# failure_threshold, window, reset_timeout, close_at, reopen_at, probe_ttl, half_open_poll,
-# buckets; then count (allow: the calls asking at once). KEYS[1]: the breaker's hash.
+# successes, released, *config_args, count (allow: the calls asking at once). KEYS[1]: the hash.
 LUA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
@@ -233,6 +227,11 @@ class LocalMachine:
         self._passed = self._failed = self._streak = 0
         self._buckets: dict[int, list[int]] = {}  # slot -> [bucket index, calls, failures]
 
+    def _open(self, now: float) -> None:
+        self._state, self._open_until = BreakerState.OPEN.value, now + self._config.reset_timeout
+        self._probe, self._probe_until = "", 0.0
+        self._passed = self._failed = self._streak = 0
+
     def __call__(
         self,
         op: str,
@@ -244,106 +243,89 @@ class LocalMachine:
         count: int = 1,
     ) -> Reply:
         with self._lock:
-            return self._step(op, token, verdict, successes, released, count=count)
+            c, now = self._config, self._clock()
+            if op == "reset":
+                was = self._state
+                self._wipe()
+                return Reply(False, False, was, self._state, 0, 0, None, now)
+            idx = math.floor(now / (c.window / BUCKETS))
+            slot = idx % BUCKETS
+            calls = fails = 0
+            for at, n, x in self._buckets.values():
+                if idx - BUCKETS < at <= idx:
+                    calls, fails = calls + n, fails + x
+            here = self._buckets.get(slot)
+            current = here if here is not None and here[0] == idx else [idx, 0, 0]
 
-    def _open(self, now: float) -> None:
-        self._state, self._open_until = BreakerState.OPEN.value, now + self._config.reset_timeout
-        self._probe, self._probe_until = "", 0.0
-        self._passed = self._failed = self._streak = 0
+            def bump(dc: int, df: int) -> None:
+                nonlocal calls, fails
+                n = max(0, current[1] + dc)
+                calls, fails = calls - current[1] + n, fails + df
+                current[1], current[2] = n, current[2] + df
+                self._buckets[slot] = current
 
-    def _step(
-        self, op: str, token: str, verdict: str, successes: int, released: int, *, count: int
-    ) -> Reply:
-        c, now = self._config, self._clock()
-        if op == "reset":
-            was = self._state
-            self._wipe()
-            return Reply(False, False, was, self._state, 0, 0, None, now)
-        idx = math.floor(now / (c.window / BUCKETS))
-        slot = idx % BUCKETS
-        calls = fails = 0
-        for at, n, x in self._buckets.values():
-            if idx - BUCKETS < at <= idx:
-                calls, fails = calls + n, fails + x
-        here = self._buckets.get(slot)
-        current = here if here is not None and here[0] == idx else [idx, 0, 0]
-
-        def bump(dc: int, df: int) -> None:
-            nonlocal calls, fails
-            n = max(0, current[1] + dc)
-            calls, fails = calls - current[1] + n, fails + df
-            current[1], current[2] = n, current[2] + df
-            self._buckets[slot] = current
-
-        if released > 0:
-            bump(-released, 0)
-        if successes > 0:
-            self._streak = 0
-        state = start = self._state
-        if self._probe and now >= self._probe_until:
-            self._probe = ""
-        probe = self._probe
-        allowed = busy = False
-        next_at: float | None = None
-        if op in ("allow", "peek"):
-            if state == BreakerState.OPEN and now >= self._open_until:
-                state, probe = BreakerState.HALF_OPEN.value, ""
-                if op == "allow":
-                    self._state, self._passed, self._failed, self._probe = state, 0, 0, ""
-            if state == BreakerState.CLOSED:
-                allowed = True
-                if op == "allow":
-                    bump(count, 0)
-            elif state == BreakerState.OPEN:
-                next_at = self._open_until
-            elif probe:
-                busy = True
-                poll = self._probe_until if op == "peek" else now + HALF_OPEN_POLL
-                next_at = min(self._probe_until, poll)
-            elif op == "allow":
-                allowed = busy = True
-                self._probe, self._probe_until = token, now + self._probe_ttl
-            else:
-                next_at = now
-        elif op == "record":
-            if state == BreakerState.HALF_OPEN and token != "" and probe == token:
-                self._failed += verdict == Verdict.FAILURE
-                self._passed += verdict == Verdict.SUCCESS
-                if self._failed >= self._reopen_at:
-                    self._open(now)
-                elif self._passed >= self._close_at:
-                    self._wipe()
-                    calls = fails = 0
+            if released > 0:
+                bump(-released, 0)
+            if successes > 0:
+                self._streak = 0
+            state = start = self._state
+            if self._probe and now >= self._probe_until:
+                self._probe = ""
+            probe = self._probe
+            allowed = busy = False
+            next_at: float | None = None
+            if op in ("allow", "peek"):
+                if state == BreakerState.OPEN and now >= self._open_until:
+                    state, probe = BreakerState.HALF_OPEN.value, ""
+                    if op == "allow":
+                        self._state, self._passed, self._failed, self._probe = state, 0, 0, ""
+                if state == BreakerState.CLOSED:
+                    allowed = True
+                    if op == "allow":
+                        bump(count, 0)
+                elif state == BreakerState.OPEN:
+                    next_at = self._open_until
+                elif probe:
+                    busy = True
+                    poll = self._probe_until if op == "peek" else now + HALF_OPEN_POLL
+                    next_at = min(self._probe_until, poll)
+                elif op == "allow":
+                    allowed = busy = True
+                    self._probe, self._probe_until = token, now + self._probe_ttl
                 else:
-                    self._probe, self._probe_until = "", 0.0
-            elif verdict == Verdict.FAILURE:
-                bump(0, 1)
-                self._streak += 1
-                if state == BreakerState.CLOSED and (
-                    (c.consecutive_failures > 0 and self._streak >= c.consecutive_failures)
-                    or (calls >= c.minimum_calls and fails >= c.failure_rate * calls)
-                    or (c.failure_threshold > 0 and fails >= c.failure_threshold)
-                ):
-                    self._open(now)
-            state = self._state
-            if state == BreakerState.OPEN:
-                next_at = self._open_until
-        return Reply(allowed, busy, start, state, fails, calls, next_at, now)
+                    next_at = now
+            elif op == "record":
+                if state == BreakerState.HALF_OPEN and token != "" and probe == token:
+                    self._failed += verdict == Verdict.FAILURE
+                    self._passed += verdict == Verdict.SUCCESS
+                    if self._failed >= self._reopen_at:
+                        self._open(now)
+                    elif self._passed >= self._close_at:
+                        self._wipe()
+                        calls = fails = 0
+                    else:
+                        self._probe, self._probe_until = "", 0.0
+                elif verdict == Verdict.FAILURE:
+                    bump(0, 1)
+                    self._streak += 1
+                    if state == BreakerState.CLOSED and (
+                        (c.consecutive_failures > 0 and self._streak >= c.consecutive_failures)
+                        or (calls >= c.minimum_calls and fails >= c.failure_rate * calls)
+                        or (c.failure_threshold > 0 and fails >= c.failure_threshold)
+                    ):
+                        self._open(now)
+                state = self._state
+                if state == BreakerState.OPEN:
+                    next_at = self._open_until
+            return Reply(allowed, busy, start, state, fails, calls, next_at, now)
 
 
 def decode(raw: Any) -> Reply:
-    allowed, busy, start, state, failures, calls, next_at, now = raw
-
-    def text(value: Any) -> str:
-        return value.decode() if isinstance(value, bytes) else str(value)
-
+    """The Lua script's reply as a ``Reply``."""
+    allowed, busy, start, state, failures, calls, next_at, now = (
+        value.decode() if isinstance(value, bytes) else value for value in raw
+    )
+    at = float(next_at) if next_at else None
     return Reply(
-        bool(allowed),
-        bool(busy),
-        text(start),
-        text(state),
-        int(failures),
-        int(calls),
-        float(text(next_at)) if text(next_at) else None,
-        float(text(now)),
+        bool(allowed), bool(busy), str(start), str(state), int(failures), int(calls), at, float(now)
     )

@@ -1,19 +1,13 @@
-"""A send rate limit per provider, shared by every worker through Redis: a token bucket.
+"""A send rate limit per provider, shared by every worker through Redis: a token bucket
+(docs/concepts.md, "Rate limit"), updated by one Lua script on Redis's own clock.
 
-``rate_limit`` (messages per second, ``[providers.NAME]``) refills the bucket; it holds at
-most ``max(1, rate_limit)`` tokens, so a burst after a quiet spell is at most one second's
-worth. The bucket lives in a Redis hash updated by one Lua script on Redis's own clock
-(atomic across processes and machines). ``acquire`` returns 0 when a token was taken, else
-the seconds until one will be there; the sender then waits that long without touching the
-row or spending an attempt.
-
-While Redis is unreachable (connection refused or reset) each process keeps its own bucket
-at the full rate (logged once), starting empty so that the switch never adds a burst: the
-limit then holds per process instead of in total, and no send ever fails because of it; Redis
-is tried again every ``REDIS_RETRY`` seconds. A Redis that answers slowly (a timeout) is not
-a Redis that is down: the caller waits ``1 / rate`` s and asks again, so a loaded machine
-never sends over the shared rate; only ``TIMEOUTS_BEFORE_LOCAL`` timeouts in a row count as
-down.
+The bucket holds at most ``max(1, rate_limit)`` tokens: a burst after a quiet spell is at most
+one second's worth. ``acquire`` returns 0 when a token was taken, else the seconds until one
+will be there. While Redis is unreachable each process keeps its own bucket at the full rate
+(logged once), starting empty so that the switch never adds a burst; Redis is tried again
+every ``REDIS_RETRY`` seconds. A Redis that answers slowly (a timeout) is not down: the caller
+waits ``1 / rate`` s and asks again, so a loaded machine never sends over the shared rate;
+only ``TIMEOUTS_BEFORE_LOCAL`` timeouts in a row count as down.
 """
 
 from __future__ import annotations

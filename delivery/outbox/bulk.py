@@ -1,22 +1,17 @@
 """``enqueue_many``: a campaign's messages in the caller's transaction, one statement per chunk.
 
 Each message is validated exactly as ``enqueue`` validates it (``outbox.row_values``), then
-written ``CHUNK`` at a time with one ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``
-(``insert.insert_chunk``). The messages are read from the iterable as they are written: 100,000
-of them never exist at once as ORM objects (or as rows in memory beyond two chunks). The next
-chunk is validated on a thread of its own while the database inserts the one before (the
-driver waits for the database without holding the GIL); the caller's iterable is read on the
-caller's thread, between statements, so a generator that queries the database through the
-same session is fine.
+written ``CHUNK`` at a time (``insert.insert_chunk``) as it is read from the iterable: 100,000
+of them never exist at once as ORM objects. The next chunk is validated on a thread of its own
+while the database inserts the one before; the caller's iterable is read on the caller's
+thread, between statements, so a generator that queries through the same session is fine.
 
-The semantics are ``enqueue``'s, message by message: a key already in the outbox with the
-same payload is that message (not written again); with another payload, or the same key
-twice in the input with two payloads, ``IdempotencyConflict`` naming the key. Bad input
-raises ``InvalidMessage`` whose ``field`` names the message and the argument
-(``messages[3].to``). Either error writes nothing: the whole call runs in a savepoint that is
-rolled back, and the caller's transaction stays usable. Never commits. As with ``enqueue``,
-the first due messages of the transaction (``outbox.NUDGE_MAX`` at most) are written claimed
-and published by the nudge after the caller's commit (as batches); the relay the rest.
+The semantics are ``enqueue``'s, message by message: a key already there with the same
+payload is that message; with another payload, or twice in the input with two payloads,
+``IdempotencyConflict``. ``InvalidMessage``'s ``field`` names the message and the argument
+(``messages[3].to``). Either error writes nothing: the call runs in a savepoint, rolled back,
+and the caller's transaction stays usable. Never commits; the nudge publishes the first due
+messages after the commit, as with ``enqueue``.
 """
 
 from __future__ import annotations

@@ -1,20 +1,15 @@
-"""``enqueue``: write a message into the caller's own transaction (guarantee G1).
+"""``enqueue``: write a message into the caller's own transaction (guarantee G1); it never
+commits. ``row_values`` validates a message into its row (``routing``, ``validation``) and
+``insert.insert_one`` writes it.
 
-``row_values`` validates a message (its route from ``routing``, the recipient, payload, key and
-time from ``validation``) into its row; ``insert.insert_one`` writes it with one statement
-(``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``) so that a repeated key never breaks the
-caller's transaction; ``enqueue`` never commits.
-
-The post-commit nudge (installed by the Celery app with ``set_nudge``: its publisher) publishes
-a transaction's new rows right after its commit. A row due now, written while a nudge is
-installed through a session bound to an engine (whose commit is the transaction's), is
-written already claimed: ``dispatched`` with the lease the relay's claim would give it
-(``dispatch_lease`` from its ``created_at``), so that after the commit the nudge only
-publishes. Up to ``NUDGE_MAX`` rows of one transaction are written so; the others, and rows
-due later, are ``pending`` and the beat relay's. If the publish fails the rows are put back to
-``pending`` at once (``transitions.relay.release``); if the process dies between the commit and the
-publish, the sweeper returns them to ``pending`` when their lease passes and the relay
-publishes them (docs/concepts.md, "How a message travels").
+The post-commit nudge (its publisher installed by the Celery app with ``set_nudge``) publishes
+a transaction's new rows right after its commit. A row due now, written through a session
+bound to an engine (whose commit is the transaction's), is written already claimed:
+``dispatched`` with the lease the relay's claim would give it, up to ``NUDGE_MAX`` rows per
+transaction; the others, and rows due later, are ``pending`` and the relay's. A failed
+publish puts the rows back to ``pending`` at once (``transitions.relay.release``); if the
+process dies first, the sweeper does when their lease passes (docs/concepts.md, "How a
+message travels").
 """
 
 from __future__ import annotations
@@ -95,12 +90,11 @@ def set_nudge(nudge: Publisher | None) -> None:
 def claim_for_nudge(
     session: Session, settings: Settings, rows: Sequence[dict[str, Any]], *, held: int = 0
 ) -> int:
-    """Write those of ``rows`` (``row_values``) that are due now as claimed for the nudge,
-    while ``session``'s transaction has fewer than ``NUDGE_MAX`` (``held`` more are the
-    caller's, not passed to ``nudge_later`` yet): ``dispatched`` with a lease of
-    ``dispatch_lease`` from their ``created_at``. Only with a nudge installed and ``session``
-    bound to an engine (on a connection its commit may not be the transaction's); return how
-    many rows it marked. The caller passes the new ones to ``nudge_later``."""
+    """Mark those of ``rows`` (``row_values``) that are due now claimed for the nudge
+    (``dispatched``, leased ``dispatch_lease`` from their ``created_at``) while ``session``'s
+    transaction has fewer than ``NUDGE_MAX`` (``held`` more are the caller's, not passed to
+    ``nudge_later`` yet), if a nudge is installed and ``session`` is bound to an engine; return
+    how many it marked. The caller passes the new ones to ``nudge_later``."""
     room = NUDGE_MAX - held - len(session.info.get(_NUDGE_KEY, ()))
     if room <= 0 or _nudge is None or not isinstance(session.get_bind(mapper=Message), Engine):
         return 0

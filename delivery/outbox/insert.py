@@ -1,22 +1,15 @@
 """The outbox's INSERTs of validated rows (``outbox.row_values``), in the caller's transaction:
 ``insert_one`` for ``enqueue``, ``insert_chunk`` for ``enqueue_many``.
 
-Each is one statement, ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``, so that a repeated
-key never breaks the caller's transaction, run with SQLAlchemy's public execution
-(``Connection.exec_driver_sql``, ``Connection.execute``): events, echo, ``hide_parameters``
-and error wrapping apply as for any statement. ``insert_one``'s is a Core statement that
-SQLAlchemy compiles once per dialect (``compiled_insert``); each value goes through its
-column type's own bind processing (the payload through the engine's ``json_serializer``), so
-a call builds no statement and looks nothing up. On PostgreSQL through psycopg a chunk is
-arrays, sent in binary (``%b``: psycopg's text arrays quote every element in Python) and
-unnested by the server: one per column, except that a column with one value in all the
-chunk's rows is sent as that value and a column equal to an earlier one reuses its array
-(``_shape``). With another PostgreSQL driver it is the same statement built by SQLAlchemy;
-on SQLite a multi-row ``VALUES``.
-
-The returned ``Message`` is built from the row it wrote and attached to the session as a
-loaded one (``make_transient_to_detached``, then ``Session.add``): nothing to flush, nothing
-to load.
+Each is one ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``, so that a repeated key never
+breaks the caller's transaction, run with SQLAlchemy's public execution: events, echo,
+``hide_parameters`` and error wrapping apply as for any statement. ``insert_one``'s Core
+statement is compiled once per dialect (``compiled_insert``), each value going through its
+column type's bind processing, and the ``Message`` it returns is attached to the session as a
+loaded one: nothing to flush, nothing to load. On PostgreSQL through psycopg a chunk is
+arrays unnested by the server (``_shape``), sent in binary (``%b``: psycopg's text arrays
+quote every element in Python); with another PostgreSQL driver it is the same statement
+built by SQLAlchemy; on SQLite a multi-row ``VALUES``.
 """
 
 from __future__ import annotations
@@ -25,7 +18,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
-from sqlalchemy import Connection, Dialect, String, bindparam, cast, func, select
+from sqlalchemy import Dialect, String, bindparam, cast, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.orm import Session, make_transient_to_detached
@@ -125,14 +118,9 @@ def compiled_insert(dialect: Dialect) -> CompiledInsert:
     stmt = insert_statement(dialect.name).values({name: None for name in names})
     compiled = stmt.compile(dialect=dialect)
     order = compiled.positiontup
-    processors = []
-    for name in names:
-        process = messages_table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
-        if process is not None:
-            processors.append((name, process))
-    return CompiledInsert(
-        compiled.string, tuple(order or names), order is not None, tuple(processors)
-    )
+    found = [(name, _processor(name, dialect)) for name in names]
+    processors = tuple((name, process) for name, process in found if process is not None)
+    return CompiledInsert(compiled.string, tuple(order or names), order is not None, processors)
 
 
 def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]:
@@ -140,9 +128,10 @@ def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]
     outbox, or earlier in ``rows``, is not among them)."""
     conn = session.connection(bind_arguments={"mapper": Message})
     dialect = conn.dialect.name
-    if _psycopg(conn):
+    if dialect == "postgresql" and conn.dialect.driver == "psycopg":
         arrays = [[row[name] for row in rows] for name in COLUMNS]
-        shape, params = _shape(arrays, {_PAYLOAD: _json_param(conn)})
+        process = _processor("payload", conn.dialect)  # psycopg: wrapped for its JSON dumper
+        shape, params = _shape(arrays, {_PAYLOAD: process} if process is not None else {})
         return {
             key: new_id for key, new_id in conn.exec_driver_sql(_pg_chunk(shape), tuple(params))
         }
@@ -160,20 +149,10 @@ def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]
     return {key: new_id for key, new_id in conn.execute(stmt)}
 
 
-def _psycopg(conn: Connection) -> bool:
-    return conn.dialect.name == "postgresql" and conn.dialect.driver == "psycopg"
-
-
-def _json_param(conn: Connection) -> Callable[[Any], Any]:
-    """The payload column's own bind processing on this connection's dialect (the engine's
-    ``json_serializer``): through psycopg, the payload wrapped for its JSON dumper."""
-    dialect = conn.dialect
-    process = messages_table.c.payload.type.dialect_impl(dialect).bind_processor(dialect)
-    return process if process is not None else _same
-
-
-def _same(value: Any) -> Any:
-    return value
+def _processor(name: str, dialect: Dialect) -> Callable[[Any], Any] | None:
+    """The column's own bind processing on ``dialect`` (the payload's: the engine's
+    ``json_serializer``), or None when it has none."""
+    return messages_table.c[name].type.dialect_impl(dialect).bind_processor(dialect)
 
 
 #: A column of ``_shape``: one value for every row (sent once), or its own array.

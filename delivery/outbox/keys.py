@@ -1,33 +1,11 @@
-"""Idempotency keys derived from business intent (guarantee G2).
-
-A key must name the *intent*, not the attempt: the same intent must map to the same key on
-every retry, after every restart, in every process. Two helpers build such keys::
-
-    >>> key("order", 42, "receipt")
-    'order-42:receipt'
-    >>> key("signup", "u_17", "otp", 3)
-    'signup-u_17-otp:3'
-    >>> agent_key("run_7f3a", "step-4", {"to": "+12015550123", "body": "Hi"}, important=["to"])
-    'run_7f3a:step-4:4bfa5aabcaea1127'
-
-``key(*parts)``: every part but the last joined by ``-``, then ``:`` and the last part (the
-purpose). Parts are ``str``, ``int`` or ``uuid.UUID``. Rules, each enforced with
-``InvalidMessage(field="key")``:
-
-- at least two parts (what, and what for), none empty;
-- no ``:`` inside a part, so the purpose is always what follows the one ``:``;
-- no control characters (they break logs and headers);
-- the whole key at most 255 characters.
+"""Idempotency keys derived from business intent (guarantee G2; docs/concepts.md, "Keys from
+business intent"): ``key`` for an app's messages, ``agent_key`` for the tools an LLM agent
+calls. A key names the *intent*, not the attempt: the same on every retry, after every
+restart, in every process.
 
 A ``-`` inside a part is allowed (``user-signup``, negative numbers), so ``("a-b", 1)`` and
 ``("a", "b-1")`` give the same key: start every key with a fixed namespace that names the
 kind of thing (``order``, ``signup``) and let only the last parts vary.
-
-``agent_key(run_id, step_id, args, *, important=None)`` is for tools an LLM agent calls: the
-harness, not the model, derives the key from the run id and the step id, so a resumed run
-maps to the same key and the provider dedupes the second call. The arguments named in
-``important`` (all of them by default) are hashed into the key too, so a step that now means
-another recipient or amount gets a new key, while a rephrased body does not.
 """
 
 from __future__ import annotations

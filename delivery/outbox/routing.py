@@ -1,10 +1,8 @@
 """Where a message goes: its channel, provider, unknown-outcome policy and limits, resolved from
-``enqueue``'s arguments and the settings (``InvalidMessage`` naming the field).
-
-Resolution depends only on the settings and the five routing arguments (``type``, ``channel``,
-``provider``, ``on_unknown``, ``max_attempts``), so the answer is kept per settings object for
-each combination of them (a campaign resolves its route once, not once per message). Arguments
-of other types than ``str`` / ``int`` / ``None`` are resolved every time, as before.
+``enqueue``'s arguments and the settings (``InvalidMessage`` naming the field). A route depends
+only on the settings and the five routing arguments, so it is kept per settings object for
+each combination of plain (``str``, ``int``, ``None``) arguments: a campaign resolves its
+route once, not once per message.
 """
 
 from __future__ import annotations

@@ -1,17 +1,12 @@
-"""Checks on ``enqueue``'s input. Each failure raises ``InvalidMessage`` naming the field.
+"""Checks on ``enqueue``'s input. Each failure raises ``InvalidMessage`` naming the field; a
+recipient is never echoed in the error (it would reach the caller's logs).
 
-A recipient is never echoed in the error (it would reach the caller's logs): the message
-says what is wrong with it, not what it is (docs/concepts.md, "Enqueue").
-
-An SMS recipient is accepted when it already is the E.164 form of a number ``phonenumbers``
-finds valid: ``parse``, ``is_valid_number`` and ``format_number(..., E164)`` give ``to``
-back unchanged. Every other input (no ``+``, spaces, letters, too short or long, an unknown
-country code, an invalid number, empty, not a string) gets the one error ``SMS_RECIPIENT``.
-The library's answer is cached per input string (``functools.lru_cache``, bounded): parsing
-and validating are most of ``enqueue``'s own work, and an app sends to the same numbers again.
-Importing this module calls ``phonenumbers.enable_pattern_cache()``: the library keeps the
-metadata patterns it compiled instead of leaving them to ``re``'s own bounded cache, which
-numbers from many regions overflow (every check then recompiles)."""
+An SMS recipient is accepted only when it already is the E.164 form of a number
+``phonenumbers`` finds valid; anything else gets the one error ``SMS_RECIPIENT``. The answer
+is cached per input string: parsing is most of ``enqueue``'s own work, and an app sends to the
+same numbers again. Importing this module calls ``phonenumbers.enable_pattern_cache()``: the
+library keeps the patterns it compiled instead of leaving them to ``re``'s bounded cache,
+which numbers from many regions overflow (every check then recompiles)."""
 
 from __future__ import annotations
 

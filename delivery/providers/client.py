@@ -29,7 +29,6 @@ body is read raw (``Response.iter_raw``) and not by the Client:
 
 from __future__ import annotations
 
-import json as jsonlib
 import logging
 import time
 import zlib
@@ -40,7 +39,7 @@ from typing import Any
 import httpx
 
 from delivery.config.settings import ProviderConfig, Timeouts
-from delivery.core.outcomes import Outcome, classify_exception
+from delivery.core.outcomes import Outcome, classify_exception, parse_json
 
 __all__ = ["BODY_LIMIT", "DEFAULT_LIMITS", "USER_AGENT", "PooledClient", "parse_json", "timeout"]
 
@@ -59,14 +58,6 @@ def timeout(timeouts: Timeouts) -> httpx.Timeout:
     """httpx's per-phase timeout from ours."""
     t = timeouts
     return httpx.Timeout(connect=t.connect, read=t.read, write=t.write, pool=t.pool)
-
-
-def parse_json(response: httpx.Response) -> Any:
-    """The answer's JSON value; None for an empty body or one that is not JSON."""
-    try:
-        return jsonlib.loads(response.content) if response.content else None
-    except ValueError:
-        return None
 
 
 class _Decoder:

@@ -75,15 +75,12 @@ def make_engine(url: str, **kwargs: Any) -> Engine:
 
 def _quiet_or_replaced(dialect: Any, dbapi_connection: Any, _record: Any, _proxy: Any) -> None:
     """Before a pooled PostgreSQL connection is lent out: is it still open? Instead of
-    ``pool_pre_ping``'s ``SELECT 1``, a round trip on every checkout (three per message on a
-    worker's single path), look at the socket without a round trip. An idle connection
-    receives nothing, so a quiet socket is lent out as it is. Something to read is most likely
-    the server's goodbye (its termination notice on a restart, ``pg_terminate_backend`` or an
-    idle timeout; or end of file), but may be harmless (a notification, a TLS message): then,
-    and only then, the connection is pinged as ``pool_pre_ping`` would. A failed ping raises
-    ``DisconnectionError``, SQLAlchemy's documented answer: the pool drops that connection and
-    checks out another, connecting anew, up to three times. A connection that dies during use
-    raises from that use, with or without a ping."""
+    ``pool_pre_ping``'s ``SELECT 1``, a round trip on every checkout, look at the socket: an
+    idle connection receives nothing, so a quiet one is lent out as it is. Something to read
+    is most likely the server's goodbye (a restart, ``pg_terminate_backend``, an idle timeout)
+    but may be harmless (a notification, a TLS message): only then is it pinged. A failed
+    check raises ``DisconnectionError``: the pool drops that connection and checks out
+    another, as SQLAlchemy documents."""
     if dbapi_connection.closed or getattr(dbapi_connection, "broken", False):  # psycopg2: none
         raise DisconnectionError("the pooled connection is closed")
     try:
