@@ -97,7 +97,6 @@ Configuration (checked at start-up: ``account_sid`` is ``AC`` and 32 hex charact
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import os
 import re
@@ -208,11 +207,9 @@ class TwilioProvider(PooledClient):
         self._window = dt.timedelta(seconds=float(options.get("lookup_window", 86400.0)))
         self._pages = int(options.get("lookup_pages", 5))
         super().__init__(
-            config,
-            transport,
-            base_url=config.base_url,
-            headers={"Accept": "application/json", "Authorization": _basic(sid, token or "")},
+            config, transport, base_url=config.base_url, headers={"Accept": "application/json"}
         )
+        self._client.auth = httpx.BasicAuth(sid, token or "")
 
     def send(self, envelope: Envelope) -> Outcome:
         if not self._has_token:
@@ -270,7 +267,3 @@ class TwilioProvider(PooledClient):
             status,
         )
 
-
-def _basic(user: str, password: str) -> str:
-    """HTTP basic credentials, as ``httpx.BasicAuth`` writes them."""
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")
