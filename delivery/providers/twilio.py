@@ -266,4 +266,3 @@ class TwilioProvider(PooledClient):
             "the rest of the list was not read",
             status,
         )
-
