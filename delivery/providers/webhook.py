@@ -149,9 +149,9 @@ class WebhookProvider(PooledClient):
                 f"providers.{config.name}.secret_env: environment variable {self._secret_env} "
                 f"{'is unset' if self._secret_env not in os.environ else exc}"
             )
-        self._egress = Egress.from_options(config.options)
-        guarded = transport if transport is not None else self._egress.transport()
-        super().__init__(config, guarded)
+        if transport is None:
+            transport = Egress.from_options(config.options).transport()
+        super().__init__(config, transport)
 
     def send(self, envelope: Envelope) -> outcomes.Outcome:
         if self._problem is not None:  # never send unsigned
