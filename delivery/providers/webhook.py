@@ -9,11 +9,10 @@ Each message is ``POST``-ed as JSON (its ``payload``, compact) to its own URL (t
 - ``webhook-signature``: ``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``, one per
   secret, space-separated.
 
-The configuration, the secrets (``secret_env``: ``whsec_`` + base64, several for rotation)
-and where a webhook may connect (``delivery.providers.egress``): docs/providers.md, "Webhooks:
-signatures and where they may go". A process that holds an unusable secret fails when
-settings load; one without a secret sends nothing (``Permanent`` ``NO_CREDENTIALS``: nothing
-goes out unsigned).
+The configuration, the secrets (``secret_env``: ``whsec_`` + base64, several for rotation;
+checked when settings load; none: ``NO_CREDENTIALS``, nothing goes out unsigned) and where a
+webhook may connect (``delivery.providers.egress``): docs/providers.md, "Webhooks: signatures
+and where they may go".
 
 Outcomes (``classify``):
 
