@@ -166,9 +166,7 @@ class Handler(BaseHTTPRequestHandler):
         state = self._srv.state
         with state.lock:
             body = state.lookup.get(keys[0])
-        if body is None:
-            return error(404, "NOT_FOUND")
-        return Answer(200, body, JSON)
+        return error(404, "NOT_FOUND") if body is None else Answer(200, body, JSON)
 
     def _post_message(self) -> None:
         at = time.time()
