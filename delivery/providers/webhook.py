@@ -194,11 +194,9 @@ def classify(response: httpx.Response) -> outcomes.Outcome:
         )
     if status == 410:
         return outcomes.Permanent("GONE", reason, status)
+    code = f"HTTP_{status}"
     if status in _RETRY_STATUS or (status >= 500 and status != 501):
         return outcomes.Retryable(
-            f"HTTP_{status}",
-            reason,
-            status,
-            outcomes.parse_retry_after(response.headers.get("retry-after")),
+            code, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
         )
-    return outcomes.Permanent(f"HTTP_{status}", reason, status)
+    return outcomes.Permanent(code, reason, status)
