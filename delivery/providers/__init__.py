@@ -9,12 +9,9 @@
 - ``http`` (the reference protocol, spoken by the stub), ``twilio``, ``pigeon``, ``webhook``:
   one module per wire protocol, each with its outcome table in its docstring (Twilio's codes
   and statuses in ``twilio_contract``); ``secrets``: the worker's start-up check that every
-  provider's secrets are set; ``egress``: where
-  a webhook may connect (the SSRF guard: no internal address unless allowlisted).
+  provider's secrets are set; ``egress``: where a webhook may connect (the SSRF guard).
 
-An adapter maps every answer and transport error onto the outcomes of
-``delivery.core.outcomes`` in one place and never raises for them. What an adapter author
-needs is re-exported here (``__all__``).
+What an adapter author needs is re-exported here (``__all__``).
 
 May import: ``delivery.errors``, ``delivery.config.settings``, ``delivery.core.outcomes``
 and ``delivery.core.policies``; nothing that sends, stores or schedules.

@@ -1,20 +1,11 @@
 """Calling an adapter: whatever it does, the sender gets one bounded outcome back.
 
-``send`` and ``lookup`` are the only way the pipeline calls an adapter. They guarantee what
-``Provider`` promises even when an adapter breaks it, so no row is ever left in ``sending``
-by an adapter bug:
-
-- returns an outcome: that outcome, with the message's recipient masked in code and reason;
-- raises ``httpx.HTTPError``: ``classify_exception`` (connect errors retryable, later ones
-  unknown);
-- raises ``httpx.InvalidURL``: ``Permanent`` ``CLIENT_InvalidURL`` (never built, never sent);
-- raises anything else: ``Unknown`` ``ADAPTER_ERROR``. It may have written the request, so
-  the message's unknown policy decides (``retry`` sends again with the same key);
-- returns anything else: ``Unknown`` ``ADAPTER_BAD_OUTCOME``.
-
-A lookup that raises or returns garbage is ``LookupFailed`` with the same codes (looked up
-again later). The exception's text is never kept or logged (it may name the recipient): the
-``delivery.providers`` logger says which adapter raised which type, where.
+``send`` and ``lookup`` are the only way the pipeline calls an adapter. They keep what
+``Provider`` promises even when an adapter breaks it, so no row is ever left in ``sending`` by
+an adapter bug: what an adapter's raise or stray return value becomes is in docs/providers.md,
+"What a provider answers is bounded" (and ``from_exception``). The exception's text is never
+kept or logged (it may name the recipient): the ``delivery.providers`` logger says which
+adapter raised which type, where.
 """
 
 from __future__ import annotations

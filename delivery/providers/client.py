@@ -1,30 +1,14 @@
 """The base of the built-in adapters: one ``httpx.Client`` per provider, and ``close``.
 
-Every adapter of this package sends through one ``httpx.Client`` made from its
-``ProviderConfig`` (docs/providers.md, "The HTTP transport"): ``base_url``, our ``User-Agent``
-and ``Accept-Encoding: gzip, deflate`` then the adapter's headers (its credentials), the
-per-phase timeouts (``[timeouts]``, ``[providers.NAME.timeouts]``), and its transport: the
-injected one (tests pass ``httpx.MockTransport``, webhooks their address guard: no proxy
-then) or the Client's own ``httpx.HTTPTransport`` sized by ``limits``, which takes a proxy
-from the environment (``HTTPS_PROXY``, ``HTTP_PROXY``, ``ALL_PROXY``, ``NO_PROXY``, read once,
-when the adapter is built). No redirect is followed (a 3xx is the provider's answer) and no
-cookie is kept (the jar accepts none); credentials travel as headers.
-
-``_exchange`` sends through the Client's public ``build_request`` and ``send(stream=True)``;
-``_post`` sends and maps the result to an outcome; ``close`` releases the connections
-(``Service.close`` calls it).
-
-Answers are bounded in ``_exchange``, the one place an adapter reads one, which is why the
-body is read raw (``Response.iter_raw``) and not by the Client:
-
-- the body is kept up to ``BODY_LIMIT`` bytes (64 KiB) after decoding (a lookup may ask for
-  more); the rest is not read. gzip and deflate are decoded here, chunk by chunk with the same
-  limit, so a compression bomb inflates no further; another encoding counts as an empty body.
-- the whole exchange (pool, connect, write, read of headers and body) has a deadline: the
-  provider's ``timeouts.total``, which ``send_lease`` must exceed. A body still dripping in at
-  the deadline ends the exchange with ``httpx.ReadTimeout`` (unknown: the request was sent);
-  each read of the body also waits no longer than what is left of the deadline (the request's
-  ``timeout`` extension, which httpcore reads when the body is first read).
+What the Client holds, and how it connects (its transport, proxies, no redirect, no cookie):
+docs/providers.md, "The HTTP transport". ``_exchange`` is the one place an adapter reads an
+answer, which is why the body is read raw (``Response.iter_raw``) and not by the Client: it is
+kept up to ``BODY_LIMIT`` bytes after decoding (a lookup may ask for more) and the rest is not
+read; gzip and deflate are decoded here, chunk by chunk within the same limit, so a
+compression bomb inflates no further (another encoding counts as an empty body); and the whole
+exchange has a deadline, the provider's ``timeouts.total`` (which ``send_lease`` must exceed):
+a body still dripping in then ends it with ``httpx.ReadTimeout`` (unknown: the request was
+sent). ``_post`` sends and maps the result to an outcome; ``Service.close`` calls ``close``.
 """
 
 from __future__ import annotations

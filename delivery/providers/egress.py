@@ -1,18 +1,8 @@
 """Where a webhook may connect: the address guard of the ``webhook`` kind (SSRF). What it
 refuses, and why ``ssrfguard`` does the work: docs/providers.md, "Webhooks: signatures and
-where they may go". This module only turns our settings into its policy and its refusals into
-our words:
-
-- ``Egress.from_options``: ``allow_hosts`` (names, or ``*.suffix``, whose addresses are not
-  checked: your own internal receivers), ``allow_networks`` (CIDRs that are permitted even
-  though the table refuses them) and ``https_only``; a wrong value is a ``ConfigError`` naming
-  the key.
-- ``Egress.refusal(url)``: what can be decided without DNS (scheme, literal addresses,
-  ``localhost``), for ``enqueue``; hostnames are checked again when the message is sent.
-- ``Egress.transport()``: the httpx transport that enforces it all on every connection.
-- ``blocked(exc)``: a refusal as the ``Permanent`` outcome ``WEBHOOK_ADDRESS_BLOCKED`` (or
-  ``WEBHOOK_URL_REFUSED``); its reason names the refused block, never the host or address;
-  ``scrub(text, host)`` takes both out of a network error's text.
+where they may go". This module only turns our settings into its policy (``Egress``) and its
+refusals into our words (``blocked``, ``scrub``): a refusal names the refused block, never the
+host or address.
 """
 
 from __future__ import annotations

@@ -72,17 +72,15 @@ class PigeonProvider(PooledClient):
             raise ConfigError("api_key_env", "is required for kind 'pigeon' (bearer key)")
 
     def __init__(self, config: ProviderConfig, transport: httpx.BaseTransport | None = None):
-        self.name = config.name
         self._key_env = config.api_key_env
         key = config.api_key()
         self._has_key = bool(key)
-        t = config.timeouts
-        if t.read <= SMTP_BUDGET:
+        if config.timeouts.read <= SMTP_BUDGET:
             log.warning(
                 "provider %s: read timeout %.1f s is not above pigeon's %.0f s SMTP budget; "
                 "slow sends that would work will end unknown",
-                self.name,
-                t.read,
+                config.name,
+                config.timeouts.read,
                 SMTP_BUDGET,
             )
         super().__init__(

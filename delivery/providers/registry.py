@@ -135,14 +135,6 @@ def _declared(factory: AdapterFactory, kind: str, key: str) -> Adapter:
     )
 
 
-def _entry_point(kind: str) -> AdapterFactory | None:
-    for entry in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP):
-        if entry.name == kind:
-            factory: AdapterFactory = entry.load()
-            return factory
-    return None
-
-
 def _import(path: str) -> Any:
     module_name, sep, attr = path.partition(":")
     if not sep:
@@ -164,7 +156,8 @@ def _resolve(kind: str, key: str) -> AdapterFactory:
         if factory is not None:
             return factory
         try:
-            factory = _entry_point(kind)
+            found = importlib.metadata.entry_points(group=ENTRY_POINT_GROUP, name=kind)
+            factory = next(iter(found)).load() if found else None
             if factory is None and ("." in kind or ":" in kind):
                 factory = _import(kind)
         except Exception as exc:
@@ -179,7 +172,7 @@ def _resolve(kind: str, key: str) -> AdapterFactory:
         if not callable(factory):
             raise ConfigError(key, f"{kind!r} is not a class or callable")
         _found[kind] = factory
-        return factory
+        return _found[kind]
 
 
 def adapter_for(kind: str, key: str = "kind") -> Adapter:

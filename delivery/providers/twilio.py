@@ -20,9 +20,7 @@ answer                 outcome     why
 2xx with a ``sid``     Delivered   Twilio accepted it; delivery itself is reported later
 2xx without a ``sid``  Unknown     it may exist: the message's ``on_unknown`` policy
 ``RETRYABLE_CODES``    Retryable   20429 too many requests, 21611 the sender's queue full
-``PERMANENT_CODES``    Permanent   20003 auth, 21211 invalid To, 21408 region, 21606 From
-                                   not SMS-capable, 21610 unsubscribed (STOP), 21614 not
-                                   a mobile number, ... (the table below)
+``PERMANENT_CODES``    Permanent   e.g. 20003 auth, 21211 invalid To, 21610 unsubscribed
 500, 502, 504          Unknown     written, Twilio may have created it (``WRITTEN_STATUS``)
 408, 429, 503, 5xx     Retryable   ``Retry-After`` honoured (501 is Permanent)
 other 4xx              Permanent   the code is kept (``delivery dead --code 21999``)
@@ -82,8 +80,7 @@ A ``StatusCallback`` URL carrying our key was considered and not used: the messa
 does not return its callback URL, so a list query cannot match on it, and it needs a public
 receiver of Twilio's callbacks.
 
-Configuration (checked at start-up: ``account_sid`` is ``AC`` and 32 hex characters,
-``messaging_service_sid`` ``MG`` and 32 hex characters)::
+Configuration (checked at start-up: the SIDs are ``AC`` or ``MG`` and 32 hex characters)::
 
     [providers.twilio]
     kind = "twilio"
@@ -97,7 +94,6 @@ Configuration (checked at start-up: ``account_sid`` is ``AC`` and 32 hex charact
 
 from __future__ import annotations
 
-import base64
 import datetime as dt
 import os
 import re
@@ -182,10 +178,9 @@ class TwilioProvider(PooledClient):
         for name, pattern in SIDS.items():
             value = options.get(name)
             if value is not None and not pattern.fullmatch(str(value)):
-                prefix = pattern.pattern[:2]
                 raise ConfigError(
                     name,
-                    f"is not a Twilio SID: {prefix} and 32 hex characters expected "
+                    f"is not a Twilio SID: {pattern.pattern[:2]} and 32 hex characters expected "
                     f"(got {len(str(value))} characters starting {str(value)[:2]!r})",
                 )
         if options.get("lookup_window", 1.0) <= 0:
@@ -208,11 +203,9 @@ class TwilioProvider(PooledClient):
         self._window = dt.timedelta(seconds=float(options.get("lookup_window", 86400.0)))
         self._pages = int(options.get("lookup_pages", 5))
         super().__init__(
-            config,
-            transport,
-            base_url=config.base_url,
-            headers={"Accept": "application/json", "Authorization": _basic(sid, token or "")},
+            config, transport, base_url=config.base_url, headers={"Accept": "application/json"}
         )
+        self._client.auth = httpx.BasicAuth(sid, token or "")
 
     def send(self, envelope: Envelope) -> Outcome:
         if not self._has_token:
@@ -224,8 +217,7 @@ class TwilioProvider(PooledClient):
         return self._post(classify, self._path, data=form)
 
     def lookup(self, envelope: Envelope) -> LookupOutcome:
-        """Find our message by recipient, sender, body and time window, reading the whole
-        list within the page budget, and judge what Twilio says of it (module docstring)."""
+        """Find ours by recipient, sender, body and time; judge it (the module docstring)."""
         if not self._has_token:
             return LookupFailed(
                 "NO_CREDENTIALS", f"environment variable {self._token_env} is unset"
@@ -269,8 +261,3 @@ class TwilioProvider(PooledClient):
             "the rest of the list was not read",
             status,
         )
-
-
-def _basic(user: str, password: str) -> str:
-    """HTTP basic credentials, as ``httpx.BasicAuth`` writes them."""
-    return "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode("ascii")

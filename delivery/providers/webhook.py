@@ -9,11 +9,10 @@ Each message is ``POST``-ed as JSON (its ``payload``, compact) to its own URL (t
 - ``webhook-signature``: ``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``, one per
   secret, space-separated.
 
-The configuration, the secrets (``secret_env``: ``whsec_`` + base64, several for rotation)
-and where a webhook may connect (``delivery.providers.egress``): docs/providers.md, "Webhooks:
-signatures and where they may go". A process that holds an unusable secret fails when
-settings load; one without a secret sends nothing (``Permanent`` ``NO_CREDENTIALS``: nothing
-goes out unsigned).
+The configuration, the secrets (``secret_env``: ``whsec_`` + base64, several for rotation;
+checked when settings load; none: ``NO_CREDENTIALS``, nothing goes out unsigned) and where a
+webhook may connect (``delivery.providers.egress``): docs/providers.md, "Webhooks: signatures
+and where they may go".
 
 Outcomes (``classify``):
 
@@ -149,9 +148,9 @@ class WebhookProvider(PooledClient):
                 f"providers.{config.name}.secret_env: environment variable {self._secret_env} "
                 f"{'is unset' if self._secret_env not in os.environ else exc}"
             )
-        self._egress = Egress.from_options(config.options)
-        guarded = transport if transport is not None else self._egress.transport()
-        super().__init__(config, guarded)
+        if transport is None:
+            transport = Egress.from_options(config.options).transport()
+        super().__init__(config, transport)
 
     def send(self, envelope: Envelope) -> outcomes.Outcome:
         if self._problem is not None:  # never send unsigned
@@ -195,11 +194,9 @@ def classify(response: httpx.Response) -> outcomes.Outcome:
         )
     if status == 410:
         return outcomes.Permanent("GONE", reason, status)
+    code = f"HTTP_{status}"
     if status in _RETRY_STATUS or (status >= 500 and status != 501):
         return outcomes.Retryable(
-            f"HTTP_{status}",
-            reason,
-            status,
-            outcomes.parse_retry_after(response.headers.get("retry-after")),
+            code, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
         )
-    return outcomes.Permanent(f"HTTP_{status}", reason, status)
+    return outcomes.Permanent(code, reason, status)

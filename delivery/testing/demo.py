@@ -72,11 +72,8 @@ def run_demo(
     home.mkdir(parents=True, exist_ok=True)
     started = time.monotonic()
     with StubServer().start() as stub:
-        env = {
-            **os.environ,
-            "DELIVERY_CONFIG": str(_config(home, stub.url)),
-            "DELIVERY_HOME": str(home),
-        }
+        config = _config(home, stub.url)
+        env = dict(os.environ, DELIVERY_CONFIG=str(config), DELIVERY_HOME=str(home))
         settings = load_settings(env)
         engine = make_engine(settings.database_url)
         upgrade(engine)

@@ -42,9 +42,6 @@ the status it would have had; ``auth`` is the sha256 hex of the Authorization he
 when there was none; payloads and secrets are never logged),
 ``GET /_stub/health`` -> ``{"ok": true}``.
 
-Run it with ``python -m delivery.testing.stub_provider --port 9090`` or in-process with
-``with StubServer().start() as stub: ...``.
-
 The package: ``answers`` (the answers and the fault knobs' validation), ``state`` (what the
 stub remembers), ``handler`` (the HTTP server and its request handler), ``server``
 (``StubServer``, ``main``), ``client`` (``StubClient``). May import: nothing of ``delivery``

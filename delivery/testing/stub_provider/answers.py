@@ -70,9 +70,7 @@ class Answer(NamedTuple):
 
 
 def error(status: int, code: str, message: str | None = None) -> Answer:
-    doc: dict[str, Any] = {"code": code}
-    if message is not None:
-        doc["message"] = message
+    doc = {"code": code} if message is None else {"code": code, "message": message}
     return Answer(status, dumps(doc), JSON)
 
 
@@ -110,15 +108,15 @@ def compile_rules(field: str, value: object) -> dict[str, Rule]:
             raise ValueError(f"{where}.content_type: must be a string")
         if "json" in rule:
             try:
-                body = dumps(rule["json"])
+                body, default = dumps(rule["json"]), JSON
             except (TypeError, ValueError) as exc:
                 raise ValueError(f"{where}.json: not JSON-serialisable ({exc})") from None
-            compiled[recipient] = Rule(cast(int, status), body, content_type or JSON, drop)
         else:
             text = rule.get("body", "")
             if not isinstance(text, str):
                 raise ValueError(f"{where}.body: must be a string")
-            compiled[recipient] = Rule(cast(int, status), text.encode(), content_type or TEXT, drop)
+            body, default = text.encode(), TEXT
+        compiled[recipient] = Rule(cast(int, status), body, content_type or default, drop)
     return compiled
 
 
@@ -154,16 +152,13 @@ def validate_faults(updates: Mapping[str, Any]) -> dict[str, Any]:
     return clean
 
 
-def retry_after_header(value: float | int) -> str:
-    return str(int(value)) if float(value).is_integer() else str(value)
-
-
 def provider_error(faults: Mapping[str, Any]) -> Answer:
     status: int = faults["error_status"]
     retry_after = faults["retry_after"]
     headers: tuple[tuple[str, str], ...] = ()
     if retry_after is not None:
-        headers = (("Retry-After", retry_after_header(retry_after)),)
+        seconds = int(retry_after) if float(retry_after).is_integer() else retry_after
+        headers = (("Retry-After", str(seconds)),)
     if status == 503 and faults["error_html"]:
         return Answer(status, HTML_503, HTML, headers)
     code = "RATE_LIMITED" if status == 429 else "PROVIDER_ERROR"

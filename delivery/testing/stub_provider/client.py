@@ -48,8 +48,7 @@ class StubClient:
         return cast(dict[str, int], self._json(self._http.get("/_stub/effects"))["effects"])
 
     def requests(self) -> list[dict[str, Any]]:
-        doc = self._json(self._http.get("/_stub/requests"))
-        return cast(list[dict[str, Any]], doc["requests"])
+        return cast(list[dict[str, Any]], self._json(self._http.get("/_stub/requests"))["requests"])
 
     def health(self) -> bool:
         """True when the stub answers its health check; False if it is unreachable."""

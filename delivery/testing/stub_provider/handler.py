@@ -12,7 +12,6 @@ import socketserver
 import sys
 import threading
 import time
-from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, cast
 from urllib.parse import parse_qs
@@ -78,27 +77,22 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self) -> None:
         super().setup()
-        srv = self._srv
-        with srv.connections_lock:
-            srv.connections.add(self.connection)
+        with self._srv.connections_lock:
+            self._srv.connections.add(self.connection)
 
     def finish(self) -> None:
         try:
             super().finish()
         finally:
-            srv = self._srv
-            with srv.connections_lock:
-                srv.connections.discard(self.connection)
+            with self._srv.connections_lock:
+                self._srv.connections.discard(self.connection)
 
     def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _send(self, answer: Answer) -> None:
         status, body, content_type, headers = answer
-        try:
-            reason = HTTPStatus(status).phrase
-        except ValueError:
-            reason = "Unknown"
+        reason = self.responses.get(status, ("Unknown",))[0]
         head = [
             f"HTTP/1.1 {status} {reason}\r\n"
             f"Content-Type: {content_type}\r\n"
@@ -172,9 +166,7 @@ class Handler(BaseHTTPRequestHandler):
         state = self._srv.state
         with state.lock:
             body = state.lookup.get(keys[0])
-        if body is None:
-            return error(404, "NOT_FOUND")
-        return Answer(200, body, JSON)
+        return error(404, "NOT_FOUND") if body is None else Answer(200, body, JSON)
 
     def _post_message(self) -> None:
         at = time.time()
@@ -222,16 +214,10 @@ class Handler(BaseHTTPRequestHandler):
                 with state.lock:
                     state.in_flight.discard(key)
             raise
-        return self._process(state, key, to, digest, claimed)
-
-    @staticmethod
-    def _process(
-        state: State, key: str, to: str, digest: bytes, claimed: bool
-    ) -> tuple[Answer, str]:
         # One critical section: the key goes from in flight to stored with no gap between.
         with state.lock:
             try:
-                return Handler._process_locked(state, key, to, digest)
+                return self._process_locked(state, key, to, digest)
             finally:
                 if claimed:
                     state.in_flight.discard(key)
@@ -295,8 +281,7 @@ class Handler(BaseHTTPRequestHandler):
             return Answer(200, dumps({"ok": True}), JSON)
         if name == "effects":
             effects = state.get_effects()
-            doc = {"effects": effects, "total": sum(effects.values())}
-            return Answer(200, dumps(doc), JSON)
+            return Answer(200, dumps({"effects": effects, "total": sum(effects.values())}), JSON)
         if name == "requests":
             return Answer(200, dumps({"requests": state.get_requests()}), JSON)
         return Answer(200, dumps({"ok": True}), JSON)

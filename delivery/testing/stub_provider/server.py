@@ -33,8 +33,7 @@ class StubServer:
     @property
     def url(self) -> str:
         host = str(self._httpd.server_address[0])
-        if ":" in host:
-            host = f"[{host}]"
+        host = f"[{host}]" if ":" in host else host
         return f"http://{host}:{self.port}"
 
     def start(self) -> StubServer:
