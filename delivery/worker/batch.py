@@ -40,9 +40,6 @@ __all__ = ["deliver_batch"]
 
 log = logging.getLogger("delivery.tasks")
 
-DELIVER = "delivery.deliver"
-
-
 #: This thread's event dispatcher, kept between batches, and the (pid, hostname) it is for.
 _kept = threading.local()
 
@@ -104,7 +101,7 @@ class _Events:
             self.add(
                 "task-received",
                 key,
-                name=DELIVER,
+                name=deliver.name,
                 args=repr((message_id, key)),
                 kwargs="{}",
                 root_id=key,

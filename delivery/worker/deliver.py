@@ -43,6 +43,9 @@ class DeadLettered(Exception):
 
 log = logging.getLogger("delivery.tasks")
 
+DELIVER = "delivery.deliver"
+BATCH = "delivery.deliver_batch"
+
 _NOT_DELIVERED = {
     "dead": "in the dead-letter status (dead)",
     "unknown": "parked as unknown for review (it may have been delivered)",
@@ -81,7 +84,7 @@ def announce(task: Task, event: str, result: str) -> None:
         log.warning("could not send the %s event of task %s: %r", event, task.request.id, exc)
 
 
-@app.task(name="delivery.deliver", bind=True, max_retries=None, throws=(DeadLettered,))  # type: ignore[untyped-decorator]
+@app.task(name=DELIVER, bind=True, max_retries=None, throws=(DeadLettered,))  # type: ignore[untyped-decorator]
 def deliver(self: Task, message_id: int, key: str) -> str:
     """Carries only the message id and key (no recipient, no body): guarantee G6."""
     result = deliver_once(service(), message_id, key)
@@ -96,9 +99,6 @@ def deliver(self: Task, message_id: int, key: str) -> str:
     if result.action is Action.SKIP:
         return f"skipped: {result.reason}"
     return result.status or result.action.value
-
-
-BATCH = "delivery.deliver_batch"
 
 
 # Read the settings now, at start-up: a half-configured process (a database URL but no broker,
