@@ -1,36 +1,22 @@
 """One attempt at one message, from the row its task read: ``check``, ``admit`` (the breaker
-and the take) and ``call``. ``delivery.sending.sender`` runs them for every message of a
-task (a message alone is a task of one) and settles what ``call`` returns.
-
-In order, each step only once the previous one let the message through:
+and the take) and ``call``, each step only once the previous one let the message through
+(docs/concepts.md, "A backlog travels in batches"):
 
 1. ``check``: its provider must still be configured (else ``dead``,
-   ``PROVIDER_NOT_CONFIGURED``, without a call); it must be due (a task that fired early
-   waits or does nothing) and within its time-to-live (else ``expired``, never sent late).
-2. ``check``: the provider's rate limit (``delivery.guards.ratelimit``): over it, the row
-   stays ``dispatched`` and the task comes back when a token is there.
-3. ``admit``: the provider's circuit breaker (``delivery.guards.breaker``), asked only when
-   the send can start at once (a free send slot waits for it), once per provider for the
-   sends that start together: while it is open (or half-open with its probe taken) the row
-   goes back to ``pending`` until the next probe time plus up to ``CIRCUIT_JITTER`` s,
-   ``CIRCUIT_OPEN``, no attempt spent. So however many messages a task carries, a send that
-   has not left when the breaker opens is parked, not sent: an outage costs the run that
-   trips it, one send per slot already under way and the probes (docs/concepts.md,
-   "Circuit breaker").
-4. ``admit``: the take: ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit,
-   durable *before* a request leaves (G2), with a lease of ``hold_lease`` s that the worker's
-   lease keeper renews while the task holds the row, up to ``send_lease``
-   (``delivery.sending.leases``). A row someone else moved is not sent. The first wave of a
-   task takes, in the same statement, the task's later rows of every provider whose breaker
-   let the wave through (taken ahead), so a batch costs one take, not one per wave; a row
-   taken ahead still asks the breaker when its turn comes, and is given back (``sending`` ->
-   ``pending``, its attempt given back) if the breaker refuses it then or if its call could
-   no longer end within its lease (``SEND_LATE``, due at once). A killed worker's rows taken
-   ahead go, like its calls in flight, to their ``on_unknown`` policy ``hold_lease`` s later.
-5. ``call``: a row flagged ``needs_lookup`` is looked up first if its provider can be asked
-   (``supports_lookup``); otherwise it is sent again with the same key. The call goes through
-   ``delivery.providers.calls`` (any exception or stray value becomes an outcome, bounded and
-   with the recipient masked) and is recorded in the breaker.
+   ``PROVIDER_NOT_CONFIGURED``), it must be due and within its time-to-live (else ``expired``);
+2. ``check``: the provider's rate limit: over it, the row stays ``dispatched`` and the task
+   comes back when a token is there;
+3. ``admit``: the provider's circuit breaker, asked only when the send can start at once:
+   refused, the row goes back to ``pending`` until the next probe time, ``CIRCUIT_OPEN``, no
+   attempt spent;
+4. ``admit``: the take, ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit,
+   durable *before* a request leaves (G2), with a lease of ``hold_lease`` s that the lease
+   keeper renews. The first wave also takes the task's later rows of every provider whose
+   breaker let it through (taken ahead); such a row still asks the breaker when its turn
+   comes, and is given back if it refuses or if its call could no longer end within its lease
+   (``SEND_LATE``);
+5. ``call``: the lookup first if the row ``needs_lookup`` and its provider supports one, then
+   the send (``delivery.providers.calls``), recorded in the breaker.
 
 Due times and leases are compared and written on the database's clock, read with the rows
 (``delivery.core.clock``) and carried forward by this host's monotonic clock.
@@ -156,15 +142,10 @@ def admit(
     service: Service, wave: Sequence[Entry], clock: Clock, ahead: Sequence[Entry] = ()
 ) -> Admitted:
     """Steps 3 and 4 for ``wave``, the sends that start now (one per free send slot, so that a
-    permit is never held by a send that waits).
-
-    The breaker is asked once per provider for its rows of the wave (in half-open, the first
-    is the probe). A refused row is parked (taken ahead: given back), no attempt spent; a row
-    taken ahead whose call could no longer end within its lease is given back, due now. The
-    others are taken in one committed UPDATE, together with the rows of ``ahead`` (the task's
-    later rows) whose provider's breaker just let this wave through: a task of one provider
-    takes all its rows in its first wave's statement, and each later wave only asks the
-    breaker. A row someone else moved meanwhile is not sent."""
+    permit is never held by a send that waits). The breaker is asked once per provider for its
+    rows of the wave (in half-open, the first is the probe); the rows it lets through are taken
+    in one committed UPDATE, together with the rows of ``ahead`` (the task's later rows) of
+    those providers. A row someone else moved meanwhile is not sent."""
     results: dict[int, Result] = {}
     allowed: list[tuple[Entry, Permit]] = []
     late: list[Taken] = []
@@ -187,7 +168,7 @@ def admit(
     sends = [replace(e, permit=p) for e, p in allowed if isinstance(e, Taken)]
     fresh = [(e, p) for e, p in allowed if not isinstance(e, Taken)]
     later = [e for e in ahead if not isinstance(e, Taken) and e.provider in healthy]
-    held: dict[int, Taken] = {}
+    taken: dict[int, Taken] = {}
     if fresh or later:
         taken = _take(service, [e for e, _ in fresh] + later, clock)
         for row, permit in fresh:
@@ -196,14 +177,10 @@ def admit(
             else:
                 service.breaker(row.provider).release(permit)
                 results[row.id] = _TAKEN
-        for row in later:
-            if row.id in taken:
-                held[row.id] = taken[row.id]
-            else:
-                results[row.id] = _TAKEN
+        results |= {row.id: _TAKEN for row in later if row.id not in taken}
     for t in late:
         results[t.row.id] = _too_late(service, t, now)
-    return Admitted(results, sends, held)
+    return Admitted(results, sends, {row.id: taken[row.id] for row in later if row.id in taken})
 
 
 def _take(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[int, Taken]:
@@ -283,17 +260,24 @@ def breaker_verdict(outcome: Outcome | LookupOutcome) -> Verdict:
     return Verdict.NEUTRAL
 
 
-def _leave_dispatched(service: Service, row: Row[Any], why: Leave, **values: object) -> bool:
+def _not_sent(
+    service: Service, entry: Entry, why: Leave, result: Result, due: dt.datetime | None = None
+) -> Result:
+    """``entry`` leaves for ``why.to`` without a call (``leave``; ``give_back`` if taken ahead),
+    due at ``due`` if given: ``result``, or ``_TAKEN`` if someone else moved it first."""
     with service.autocommit.connect() as conn:
-        return leave(conn, row, why, **values)
+        if isinstance(entry, Taken):
+            assert due is not None, "a row given back is due again"
+            moved = give_back(conn, entry.msg, why, due)
+        else:
+            moved = leave(conn, entry, why, **({} if due is None else {"next_attempt_at": due}))
+    return result if moved else _TAKEN
 
 
 def _expire(service: Service, row: Row[Any]) -> Result:
     """A message past its time-to-live is never sent late: ``dispatched`` -> ``expired``."""
-    reason = "time-to-live passed before it could be sent"
-    if not _leave_dispatched(service, row, Leave(Status.EXPIRED, "expired", EXPIRED, reason)):
-        return _TAKEN
-    return Result(Action.DONE, Status.EXPIRED, code=EXPIRED)
+    why = Leave(Status.EXPIRED, "expired", EXPIRED, "time-to-live passed before it could be sent")
+    return _not_sent(service, row, why, Result(Action.DONE, Status.EXPIRED, code=EXPIRED))
 
 
 def _not_configured(service: Service, row: Row[Any]) -> Result:
@@ -301,10 +285,9 @@ def _not_configured(service: Service, row: Row[Any]) -> Result:
     with ``PROVIDER_NOT_CONFIGURED`` (redrive it once the provider is back) instead of
     cycling between ``dispatched`` and ``pending``."""
     reason = f"provider {row.provider!r} is not configured (DELIVERY_CONFIG [providers])"
-    leave = Leave(Status.DEAD, "permanent", PROVIDER_NOT_CONFIGURED, reason)
-    if not _leave_dispatched(service, row, leave):
-        return _TAKEN
-    return Result(Action.DONE, Status.DEAD, code=PROVIDER_NOT_CONFIGURED, reason=reason)
+    why = Leave(Status.DEAD, "permanent", PROVIDER_NOT_CONFIGURED, reason)
+    dead = Result(Action.DONE, Status.DEAD, code=PROVIDER_NOT_CONFIGURED, reason=reason)
+    return _not_sent(service, row, why, dead)
 
 
 def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime) -> Result:
@@ -334,14 +317,8 @@ def _circuit_open(service: Service, entry: Entry, permit: Permit, now: dt.dateti
         f"next try at {due.isoformat(timespec='seconds')}"
     )
     why = Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
-    if isinstance(entry, Taken):
-        with service.autocommit.connect() as conn:
-            parked = give_back(conn, entry.msg, why, due)
-    else:
-        parked = _leave_dispatched(service, row, why, next_attempt_at=due)
-    if not parked:
-        return _TAKEN
-    return Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)
+    parked = Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)
+    return _not_sent(service, entry, why, parked, due)
 
 
 def _too_late(service: Service, taken: Taken, now: dt.datetime) -> Result:
@@ -350,7 +327,5 @@ def _too_late(service: Service, taken: Taken, now: dt.datetime) -> Result:
     hands an expired ``sending`` row to its ``on_unknown`` policy."""
     reason = "its call could not start in time to end within its lease; not made"
     why = Leave(Status.PENDING, "send_late", SEND_LATE, reason, 0.0)
-    with service.autocommit.connect() as conn:
-        if not give_back(conn, taken.msg, why, now):
-            return _TAKEN
-    return Result(Action.PARKED, Status.PENDING, 0.0, SEND_LATE, reason)
+    parked = Result(Action.PARKED, Status.PENDING, 0.0, SEND_LATE, reason)
+    return _not_sent(service, taken, why, parked, now)

@@ -1,30 +1,10 @@
-"""Leases a live worker renews on the messages it holds, so that a dead worker's messages
-come back in seconds (G8 in docs/concepts.md, "Guarantees").
-
-A message a worker holds is ``dispatched`` (prefetched, waiting for a free slot, or a short
-retry whose countdown has run out) or ``sending`` (in the provider call). Its worker renews
-their leases every ``hold_lease / 3`` s to ``now + hold_lease`` (``renew_held``: one
-conditional UPDATE per status, the status as its fence); a killed worker stops renewing, and
-the sweeper recovers its rows ``hold_lease`` s after the last renewal, not after the relay's
-``dispatch_lease`` (which only covers a task still waiting in the broker, held by nobody) or
-the ``send_lease``.
-
-A ``sending`` row is renewed only while its attempt is younger than ``send_lease`` minus
-``hold_lease``: its lease never goes past ``send_lease`` after the call started, which exceeds
-the provider's total timeout. So a hung call is still taken for dead at ``send_lease``, and a
-live one is never taken for dead while its worker renews.
-
-Before a worker takes it, a task waits in its broker queue, held by nobody: on each pass the
-relay asks each queue's depth and renews the rows whose tasks are still queued to ``now +
-dispatch_lease`` (``renew_queued``), whoever published them (the relay or the post-commit
-nudge). So a task waiting behind a long backlog is never taken for lost, however long it
-waits, and ``dispatch_lease`` (10 s by default) only covers the moment between the relay's
-last look at the queue and the worker's first renewal: a task received in the very instant its
-worker is killed comes back ``dispatch_lease`` s after that.
-
-Like every lifeline (Oban's), this can cause a duplicate: a live worker that cannot reach the
-database for ``hold_lease`` s loses its rows to the sweeper, and a send then in flight may be
-made again with the same key (the provider dedupes; ``give_up`` parks it as ``unknown``).
+"""Leases a live worker renews on the messages it holds (``renew_held``: ``dispatched`` and
+``sending`` rows, to ``hold_lease``) and the relay on the rows whose tasks still wait in a
+broker queue (``renew_queued``, to ``dispatch_lease``), so that a dead worker's messages come
+back in seconds (G8; docs/deployment.md, "A killed worker costs seconds" and "Back-pressure,
+and tasks waiting in a queue"). A ``sending`` row is renewed only up to ``send_lease`` after
+its attempt started, which exceeds the provider's total timeout: a hung call is still taken
+for dead then.
 """
 
 from __future__ import annotations
@@ -56,27 +36,18 @@ class Renewed:
 @functools.cache
 def _renewals(dialect: str) -> tuple[Any, Any]:
     """``renew_held``'s two UPDATEs (``dispatched`` rows, ``sending`` rows), built once per
-    dialect with every value a parameter: built per renewal, SQLAlchemy's cache key for them
-    cost 5% of a single-message worker's CPU.
+    dialect with every value a parameter, the held rows one array parameter on PostgreSQL
+    (the same text for any number of them).
 
-    - The held rows: on PostgreSQL ``id = ANY(:held)``, one array parameter, so the text is
-      the same for any number of held rows (an ``IN`` list of hundreds of ids was rendered,
-      sent and parsed anew on every renewal: a quarter of a batch worker's CPU).
-    - Of those, the rows whose lease needs this renewal and that no other transaction is
-      changing right now. A lease renewed less than ``hold_lease / 3`` s ago (before
-      ``:fresh``) is left as it is (a worker holding hundreds of messages in batches does not
-      rewrite them all whenever one more arrives); a longer one (past ``:until``: the relay's
-      ``dispatch_lease``) is shortened. A row its worker is moving (a batch taking or settling
-      it, which writes the lease itself) is skipped, so a renewal never waits for, or
-      deadlocks with, the worker's own transitions; the next one catches it. On PostgreSQL
-      ``id = ANY(ARRAY(locking subquery))``: the subquery runs once, then the rows are updated
-      by primary key (``id IN (...)`` let the planner rescan the subquery, a sequential scan
-      of the table, once per held row, holding its row locks that long against the batches'
-      own statements).
+    Of the held rows, only those whose lease needs this renewal: one renewed less than
+    ``hold_lease / 3`` s ago (before ``:fresh``) is left as it is (a worker holding hundreds
+    of messages does not rewrite them all whenever one more arrives), a longer one (past
+    ``:until``: the relay's ``dispatch_lease``) is shortened. A row another transaction is
+    moving (a batch taking or settling it, which writes the lease itself) is skipped, so a
+    renewal never waits for, or deadlocks with, the worker's own transitions.
     """
     m = messages_table.c
-    postgresql = dialect == "postgresql"
-    if postgresql:
+    if dialect == "postgresql":
         held = m.id == any_(bindparam("held", type_=ARRAY(BigInteger())))
     else:
         held = m.id.in_(bindparam("held", expanding=True))
@@ -85,11 +56,7 @@ def _renewals(dialect: str) -> tuple[Any, Any]:
         m.lease_expires_at < bindparam("fresh"),
         m.lease_expires_at > bindparam("until"),
     )
-    unlocked = select(m.id).where(held, stale).with_for_update(skip_locked=True)
-    if postgresql:
-        chosen = m.id == any_(func.array(unlocked.scalar_subquery()))
-    else:
-        chosen = m.id.in_(unlocked)
+    chosen = _one_of(dialect, select(m.id).where(held, stale).with_for_update(skip_locked=True))
     renew = update(messages_table).values(lease_expires_at=bindparam("until"))
     dispatched = renew.where(
         held, m.status == Status.DISPATCHED.value, m.next_attempt_at <= bindparam("now"), chosen
@@ -100,9 +67,11 @@ def _renewals(dialect: str) -> tuple[Any, Any]:
     return dispatched, sending
 
 
-def _one_of(conn: Connection, ids: Any) -> Any:
-    """``id`` is one of the ids ``ids`` selects (``= ANY(ARRAY(...))`` on PostgreSQL)."""
-    if conn.dialect.name == "postgresql":
+def _one_of(dialect: str, ids: Any) -> Any:
+    """``id`` is one of the ids ``ids`` selects. On PostgreSQL ``= ANY(ARRAY(...))``: the
+    subquery runs once, then the rows are updated by primary key (under ``IN`` the planner
+    may rescan it once per row, holding its row locks that long)."""
+    if dialect == "postgresql":
         return messages_table.c.id == any_(func.array(ids.scalar_subquery()))
     return messages_table.c.id.in_(ids.scalar_subquery())
 
@@ -144,23 +113,19 @@ def renew_queued(
 ) -> int:
     """Renew the rows whose tasks still wait in a broker queue to ``now + lease`` (never
     shorter than they have); return how many. A lease with more than ``2/3 lease`` left is
-    left as it is (as ``renew_held`` does): a queued row is rewritten every ``lease / 3`` s,
-    not on every relay pass (each renewal writes a new version of the row and of every index
-    entry, ``lease_expires_at`` being indexed), and still has ``lease / 3`` s or more left
-    when the next pass comes (``dispatch_lease >= 3 relay_interval``).
+    left as it is (as ``renew_held`` does): each renewal writes a new version of the row and
+    of its indexed ``lease_expires_at``.
 
-    ``depths``: tasks waiting in each priority's queue, as the broker counts them (not the
-    ones workers hold unacknowledged). Queues are first in, first out, so the tasks still in a
-    queue of depth ``d`` are the ``d`` last published to it: the ``d`` rows of that priority
-    ``dispatched`` most recently (``updated_at``: when the relay or the nudge claimed them;
-    a short retry, due after it was parked, is not one of them). Rows a worker took are older
-    than those and keep the lease their worker renews. A priority whose depth is unknown is
-    left alone. The status is the fence: a row a worker moved meanwhile is not touched."""
+    ``depths``: tasks waiting in each priority's queue, as the broker counts them. Queues are
+    first in, first out, so the rows still queued in a queue of depth ``d`` are the ``d`` of
+    that priority ``dispatched`` most recently (``updated_at``; a short retry, due after it
+    was parked, is not one of them). A priority whose depth is unknown is left alone. The
+    status is the fence: a row a worker moved meanwhile is not touched."""
     m = messages_table.c
     counted = {p: d for p, d in depths.items() if d}
     if not counted:
         return 0
-    now = now or db_now(conn)
+    now, dialect = now or db_now(conn), conn.dialect.name
     until = now + dt.timedelta(seconds=lease)
     fresh = now + dt.timedelta(seconds=lease * 2.0 / 3.0)
     renewed = 0
@@ -173,15 +138,14 @@ def renew_queued(
             .limit(depth)
         )
         # Of those, only the rows this pass renews are locked (a lock writes the row too), and
-        # a row a worker is moving is skipped: it is not queued. ``= ANY(ARRAY(...))`` on
-        # PostgreSQL: each subquery runs once (see ``_renewals``).
+        # a row a worker is moving is skipped: it is not queued.
         stale = (
             select(m.id)
-            .where(_one_of(conn, newest), m.status == Status.DISPATCHED.value)
+            .where(_one_of(dialect, newest), m.status == Status.DISPATCHED.value)
             .where(m.lease_expires_at < fresh)
             .with_for_update(skip_locked=True)
         )
-        chosen = _one_of(conn, stale)
+        chosen = _one_of(dialect, stale)
         renewed += conn.execute(
             update(messages_table)
             .where(chosen, m.status == Status.DISPATCHED.value)

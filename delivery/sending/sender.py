@@ -1,29 +1,14 @@
 """What a worker's task does: one attempt at each message it carries, on one path whether it
 carries one message (``delivery.deliver``) or a batch of them (``delivery.deliver_batch``);
-a message alone is a batch of one.
+a message alone is a batch of one (docs/concepts.md, "A backlog travels in batches").
 
-``deliver_many`` takes ``(id, key)`` pairs, what the tasks carry:
-
-1. One SELECT reads every row and the database's clock (``delivery.core.clock``). A
-   message that is not there, not ``key``'s, or not ``dispatched`` (a duplicate or late task)
-   is skipped; a pair repeated in the batch is skipped the second time.
-2. Each other message makes its attempt (``delivery.sending.attempt``: checks, rate limit,
-   circuit breaker, the take committed before the request leaves, the call) on this
-   process's send pool, ``send_concurrency`` in flight; a message alone runs on the task's
-   own thread. The task's rows are taken in one statement with its first wave; each message
-   asks the breaker only as a send slot frees up for it, so a send that has not left when
-   the breaker opens is parked, not sent, however long the batch.
-3. ``settle.after_sends`` applies the outcomes, together: every delivery of the batch in one
-   statement with its attempt rows (sooner if the first has waited ``hold_lease / 2`` s),
-   each other outcome in its own transaction.
-
-The answer is a ``Result`` per pair, whose ``action`` is one of the closed set ``Action``
-(``delivery.transitions``). A batch that fails midway leaves each message where a
-message alone would be: ``dispatched`` (not yet taken: the redelivered task, or the relay
-after its lease, gives it to a worker again) or ``sending`` (taken, its call made or not yet: its
-worker stops renewing the lease, and the sweeper hands it to its ``on_unknown`` policy
-``hold_lease`` s later).
-Nothing is lost; a second effect is only the provider's to dedupe.
+``deliver_many`` reads every row of its ``(id, key)`` pairs and the database's clock in one
+SELECT (a message that is not there, not ``key``'s or not ``dispatched`` is skipped), makes
+each other message's attempt (``delivery.sending.attempt``) on this process's send pool, and
+settles the outcomes together (``settle.after_sends``). The answer is a ``Result`` per pair.
+A batch that fails midway leaves each message where a message alone would be: ``dispatched``
+(not yet taken) or ``sending`` (taken: the sweeper hands it to its ``on_unknown`` policy
+``hold_lease`` s after its worker stops renewing the lease).
 """
 
 from __future__ import annotations
@@ -135,15 +120,12 @@ def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[
     """Make the attempts at ``rows``; the ``Result`` of each, by id.
 
     Each row is checked (``attempt.check``); the others are admitted (breaker, take) only as
-    send slots free up, in waves of at least half the pool's slots (or all it still needs),
-    taken together from the slots every task of the process shares, and sent on the send
-    pool, so a permit never outlives the moment its request leaves by more than a statement.
-    The first wave takes the task's later rows too (``attempt.admit``: taken ahead); each later
-    wave only asks the breaker. A message alone, or every message when there is no pool, is
-    sent on the task's own thread. The calls made are settled together, at the end or once the
-    first has waited ``hold_lease / 2`` s, so a taken row waits in ``sending`` within its lease
-    however long the batch. An attempt that raised is raised once every other has finished
-    (and been settled)."""
+    send slots free up, in waves of at least half the pool's slots (or all it still needs), so
+    a permit never outlives the moment its request leaves by more than a statement. A message
+    alone, or every message when there is no pool, is sent on the task's own thread. The calls
+    made are settled together, at the end or once the first has waited ``hold_lease / 2`` s
+    (a taken row waits in ``sending`` within its lease however long the batch). An attempt
+    that raised is raised once every other has finished and been settled."""
     results: dict[int, Result] = {}
     todo: list[Entry] = []
     for row in rows:
@@ -266,11 +248,11 @@ def deliver_many(
         on_read({row.id: row.attempts for row in rows})
     results: dict[int, Result] = {}
     ready: list[Row[Any]] = []
-    first: dict[int, str] = {}
-    for message_id, key in pairs:
-        first.setdefault(message_id, key)
-    for message_id, key in first.items():
-        row = by_id.get(message_id)
+    first: dict[int, int] = {}  # each message id's first place in pairs
+    for place, (message_id, _) in enumerate(pairs):
+        first.setdefault(message_id, place)
+    for message_id, place in first.items():
+        row, key = by_id.get(message_id), pairs[place][1]
         if row is None or row.key != key:
             results[message_id] = _NO_SUCH
         elif row.status != Status.DISPATCHED:
@@ -279,12 +261,7 @@ def deliver_many(
         else:
             ready.append(row)
     results |= _attempts(service, ready, clock)
-    answered: set[int] = set()
-    out: list[Result] = []
-    for message_id, _ in pairs:
-        out.append(_REPEATED if message_id in answered else results[message_id])
-        answered.add(message_id)
-    return out
+    return [results[m] if first[m] == place else _REPEATED for place, (m, _) in enumerate(pairs)]
 
 
 def _call(

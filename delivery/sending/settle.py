@@ -11,21 +11,14 @@
 - ``Unknown``: the message's policy: ``give_up`` -> ``unknown``; ``retry`` waits and sends
   again; ``lookup`` waits and asks the provider first; ``unknown`` once its attempts are spent.
 
-The circuit breaker's answer to the call (``Recorded``) weighs on both retries (G5: an outage
-spends no attempts). A failed call after which the breaker is open waits at least until its
-next probe time (plus up to ``CIRCUIT_JITTER`` s, as a parked message does): sooner it would
-only be parked. A failed half-open *probe* is the breaker's test of the provider, made for
-every message of that provider: its attempt is recorded but given back (``max_attempts`` + 1,
-as for ``IDEMPOTENCY_IN_PROGRESS``), so that however long an outage lasts and whichever message
-carries its probes, none is brought to its last attempt by them.
+The breaker's answer to the call (``Recorded``) weighs on both retries (G5): a failed call
+after which the breaker is open waits until its next probe time, and a failed half-open probe
+gives its attempt back (docs/concepts.md, "Circuit breaker").
 
 ``after_lookup`` does the same for a lookup: ``Found`` -> ``sent``; ``Absent`` -> renew the
-lease, fenced on this attempt, and go on and send (nothing is sent if the row is no longer
-this attempt's: a lookup that outlived the lease); ``LookupFailed`` -> wait and look again
-(``unknown`` once the attempts are spent); ``Undeliverable`` (the provider has it and
-reports that it can never reach the recipient) -> ``dead`` with the provider's code.
-Every move is a transition of ``delivery.transitions.worker``, which emits its
-``Transition``.
+lease, fenced on this attempt, and go on and send; ``LookupFailed`` -> wait and look again
+(``unknown`` once the attempts are spent); ``Undeliverable`` -> ``dead`` with the provider's
+code. Every move is a transition of ``delivery.transitions.worker``.
 """
 
 from __future__ import annotations
@@ -45,7 +38,7 @@ from delivery.core.status import Status
 from delivery.guards.breaker import Recorded
 from delivery.runtime.service import Service
 from delivery.transitions import Action, Failure, Result, Sending, in_progress
-from delivery.transitions.attempts import log_attempt
+from delivery.transitions.attempts import log_attempt, ms_since
 from delivery.transitions.worker import Accepted, finish_sent, park, renew, stop
 
 __all__ = [
@@ -70,7 +63,7 @@ def after_lookup(
 ) -> Result | None:
     """Apply a lookup's answer; ``None`` means the key is absent: go on and send."""
     if isinstance(found, outcomes.Found):
-        return _sent(service, [(msg, "lookup", found, _ms_since(started))])[msg.id]
+        return _sent(service, [(msg, "lookup", found, ms_since(started))])[msg.id]
     with service.engine.begin() as conn:
         log_attempt(conn, msg, "lookup", found, started)
         match found:
@@ -106,7 +99,7 @@ def after_sends(service: Service, calls: Sequence[Sent]) -> dict[int, Result]:
     results = _sent(
         service,
         [
-            (c.msg, "send", c.outcome, _ms_since(c.started))
+            (c.msg, "send", c.outcome, ms_since(c.started))
             for c in calls
             if isinstance(c.outcome, outcomes.Delivered)
         ],
@@ -125,10 +118,6 @@ def _sent(service: Service, accepted: Sequence[Accepted]) -> dict[int, Result]:
     with service.autocommit.connect() if postgresql else service.engine.begin() as conn:
         moved = finish_sent(conn, accepted)
     return {msg.id: _DONE_SENT if msg.id in moved else _CHANGED for msg, *_ in accepted}
-
-
-def _ms_since(started: float) -> float:
-    return (time.perf_counter() - started) * 1000.0
 
 
 def after_send(
@@ -184,20 +173,13 @@ def _retry_or_stop(
         spent = f"attempts exhausted ({msg.attempt}/{msg.max_attempts}): {failure.reason}"
         return _stop(conn, msg, replace(failure, reason=spent))
     delay = compute_backoff(msg.attempt, msg.backoff, failure.retry_after, service.rng)
-    delay = _not_before_probe(service, delay, breaker)
+    if breaker.retry_at is not None:  # the breaker is open: sooner it would only be parked
+        delay = max(delay, probe_wait(service, breaker.retry_at))
     if breaker.probe_failed:
         given_back = f"circuit breaker probe, attempt given back: {failure.reason}"
         failure = replace(failure, reason=given_back)
         return _park(service, conn, msg, delay, failure, max_attempts=msg.max_attempts + 1)
     return _park(service, conn, msg, delay, failure)
-
-
-def _not_before_probe(service: Service, delay: float, breaker: Recorded) -> float:
-    """``delay``, or longer while the breaker is open after the call: the wait of a message it
-    parks (``probe_wait``)."""
-    if breaker.retry_at is None:
-        return delay
-    return max(delay, probe_wait(service, breaker.retry_at))
 
 
 def probe_wait(service: Service, retry_at: float | None) -> float:

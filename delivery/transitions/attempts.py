@@ -15,7 +15,7 @@ from delivery.core.models import attempts_table, utcnow
 from delivery.core.outcomes import LookupOutcome, Outcome
 from delivery.transitions.vocabulary import Sending
 
-__all__ = ["ATTEMPT_COLUMNS", "attempt_row", "log_attempt", "log_lost"]
+__all__ = ["ATTEMPT_COLUMNS", "attempt_row", "log_attempt", "log_lost", "ms_since"]
 
 
 def attempt_row(
@@ -35,11 +35,15 @@ def attempt_row(
     )
 
 
+def ms_since(started: float) -> float:
+    """Milliseconds since ``started`` (``time.perf_counter``)."""
+    return (time.perf_counter() - started) * 1000.0
+
+
 def log_attempt(
     conn: Connection, msg: Sending, kind: str, outcome: Outcome | LookupOutcome, started: float
 ) -> None:
-    latency = (time.perf_counter() - started) * 1000.0
-    conn.execute(_INSERT_ATTEMPT, attempt_row(msg, kind, outcome, latency))
+    conn.execute(_INSERT_ATTEMPT, attempt_row(msg, kind, outcome, ms_since(started)))
 
 
 #: One statement object for every attempt row (built per call, it cost SQLAlchemy's cache key

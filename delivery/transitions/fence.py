@@ -1,12 +1,7 @@
-"""The one fenced UPDATE every transition of a message is made of (``move``), and the fence
-rule of the room (``delivery.transitions``): a row moves only while it is where its
-writer saw it, its status *and* its attempt count. The attempt count changes only when a
-worker takes a row (``dispatched`` -> ``sending``) and never goes back, so a writer from an
-earlier attempt (a late worker, a duplicate task) never matches a later one.
-
-``move_where`` adds a condition (the sweeper's "its lease has passed"). Each statement is
-kept per shape (the set of columns it writes): built per call, its cache key cost about as
-much as the statement's round trip.
+"""The one fenced UPDATE every transition of a message is made of (``move``; the fence rule is
+the room's, ``delivery.transitions``). ``move_where`` adds a condition (the sweeper's "its
+lease has passed"). Each statement is kept per shape (the set of columns it writes): built
+per call, its cache key cost about as much as the statement's round trip.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
-"""The worker's transitions of a message, each a named function over one row or many, each
-fenced on the status and attempt count its worker saw (``fence.move``) and each emitting its
-``Transition`` once its UPDATE moved the row:
-
-- ``take``: ``dispatched`` -> ``sending`` for one row or many, spending one attempt each,
-  before the request leaves;
-- ``leave``: ``dispatched`` -> ``pending`` (breaker open), ``expired`` or ``dead`` (provider
-  gone) without an attempt; ``extend_lease``: a ``dispatched`` row waiting for its rate limit;
-- ``finish_sent``: ``sending`` -> ``sent`` for one accepted call or many (a delivery, or a
-  lookup that found the message) with their attempt rows, in one statement;
-- ``stop``: ``sending`` -> ``dead`` or ``unknown``; ``park``: ``sending`` -> ``dispatched``
-  (a short retry) or ``pending`` (a long one); ``give_back``: ``sending`` -> ``pending`` for a
-  row taken whose call was never made, its attempt given back; ``renew``: a ``sending`` row's
-  lease, after a lookup that found nothing.
-
-Every code and reason stored comes from an outcome or a constant of ours, already bounded
-(``delivery.core.bounds``).
+"""The worker's transitions of a message (take, leave, extend_lease, finish_sent, stop, park,
+give_back, renew), each a named function over one row or many, fenced on the status and
+attempt count its worker saw (``fence.move``) and emitting its ``Transition`` once its UPDATE
+moved the row. Every code and reason stored comes from an outcome or a constant of ours,
+already bounded (``delivery.core.bounds``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,6 @@ id, exactly like a single task's retry; the batch task itself never retries.
 from __future__ import annotations
 
 import contextlib
-import datetime as dt
 import logging
 import os
 import threading
@@ -35,14 +34,11 @@ from celery.utils.time import utcoffset
 from delivery.sending.sender import deliver_many
 from delivery.transitions import Action, Result
 from delivery.worker.app import app, service
-from delivery.worker.deliver import _NOT_DELIVERED, BATCH, DeadLettered, deliver
+from delivery.worker.deliver import _NOT_DELIVERED, BATCH, dead_lettered, deliver, parked_text
 
 __all__ = ["deliver_batch"]
 
 log = logging.getLogger("delivery.tasks")
-
-DELIVER = "delivery.deliver"
-
 
 #: This thread's event dispatcher, kept between batches, and the (pid, hostname) it is for.
 _kept = threading.local()
@@ -105,7 +101,7 @@ class _Events:
             self.add(
                 "task-received",
                 key,
-                name=DELIVER,
+                name=deliver.name,
                 args=repr((message_id, key)),
                 kwargs="{}",
                 root_id=key,
@@ -209,20 +205,11 @@ def _report(
         _retry(task, message_id, key, result, attempts + 1)  # as Task.retry counts
         return "retried"
     if result.action is Action.PARKED:
-        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=result.delay or 0.0)
-        events.add(
-            "task-parked",
-            key,
-            result=f"parked: {result.code} until {due.isoformat(timespec='seconds')}; back in "
-            "the outbox as pending, no attempt spent; the relay publishes it again then",
-        )
+        events.add("task-parked", key, result=parked_text(result))
         return "parked"
     if result.action is Action.DONE and result.status in _NOT_DELIVERED:
         events.add("task-dead-lettered", key, result=f"{result.status}: {result.code}")
-        error = DeadLettered(
-            f"{result.code}: message {message_id} is {_NOT_DELIVERED[result.status]}; "
-            f"delivery show {key!r}, delivery redrive to send it again"
-        )
+        error = dead_lettered(result, message_id, key)
         events.add("task-failed", key, exception=repr(error), traceback="")
         return str(result.status)
     if result.action is Action.SKIP:

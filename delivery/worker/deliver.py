@@ -28,7 +28,7 @@ from celery.exceptions import Ignore
 
 from delivery.errors import ConfigError
 from delivery.runtime.current import get_settings
-from delivery.sending.sender import Action
+from delivery.sending.sender import Action, Result
 from delivery.sending.sender import deliver as deliver_once
 from delivery.worker.app import app, service
 
@@ -43,11 +43,33 @@ class DeadLettered(Exception):
 
 log = logging.getLogger("delivery.tasks")
 
+DELIVER = "delivery.deliver"
+BATCH = "delivery.deliver_batch"
+
 _NOT_DELIVERED = {
     "dead": "in the dead-letter status (dead)",
     "unknown": "parked as unknown for review (it may have been delivered)",
     "expired": "expired: its time-to-live passed before it could be sent (never sent)",
 }
+
+
+def parked_text(result: Result) -> str:
+    """The ``task-parked`` event's result for a message parked until ``result.delay`` s from now."""
+    due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=result.delay or 0.0)
+    return (
+        f"parked: {result.code} until {due.isoformat(timespec='seconds')}; back in the "
+        "outbox as pending, no attempt spent; the relay publishes it again then"
+    )
+
+
+def dead_lettered(result: Result, message_id: int, key: str) -> DeadLettered:
+    """The error of a message that ended ``result.status`` (one of ``_NOT_DELIVERED``)."""
+    # The code, the id and the key only: this text reaches the worker log, the broker's
+    # task-failed event and Flower, so never the provider's reason (G6).
+    return DeadLettered(
+        f"{result.code}: message {message_id} is {_NOT_DELIVERED[str(result.status)]}; "
+        f"delivery show {key!r}, delivery redrive to send it again"
+    )
 
 
 def announce(task: Task, event: str, result: str) -> None:
@@ -62,35 +84,21 @@ def announce(task: Task, event: str, result: str) -> None:
         log.warning("could not send the %s event of task %s: %r", event, task.request.id, exc)
 
 
-@app.task(name="delivery.deliver", bind=True, max_retries=None, throws=(DeadLettered,))  # type: ignore[untyped-decorator]
+@app.task(name=DELIVER, bind=True, max_retries=None, throws=(DeadLettered,))  # type: ignore[untyped-decorator]
 def deliver(self: Task, message_id: int, key: str) -> str:
     """Carries only the message id and key (no recipient, no body): guarantee G6."""
     result = deliver_once(service(), message_id, key)
     if result.action is Action.RETRY and result.delay is not None:
         raise self.retry(countdown=result.delay, max_retries=None)
     if result.action is Action.PARKED:
-        due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=result.delay or 0.0)
-        announce(
-            self,
-            "parked",
-            f"parked: {result.code} until {due.isoformat(timespec='seconds')}; back in the "
-            "outbox as pending, no attempt spent; the relay publishes it again then",
-        )
+        announce(self, "parked", parked_text(result))
         raise Ignore()  # acknowledged; no success event, so Flower keeps PARKED
     if result.action is Action.DONE and result.status in _NOT_DELIVERED:
         announce(self, "dead-lettered", f"{result.status}: {result.code}")
-        # The code, the id and the key only: this text reaches the worker log, the broker's
-        # task-failed event and Flower, so never the provider's reason (G6).
-        raise DeadLettered(
-            f"{result.code}: message {message_id} is {_NOT_DELIVERED[result.status]}; "
-            f"delivery show {key!r}, delivery redrive to send it again"
-        )
+        raise dead_lettered(result, message_id, key)
     if result.action is Action.SKIP:
         return f"skipped: {result.reason}"
     return result.status or result.action.value
-
-
-BATCH = "delivery.deliver_batch"
 
 
 # Read the settings now, at start-up: a half-configured process (a database URL but no broker,

@@ -1,23 +1,13 @@
 """The worker's lease keeper: renews the leases of the messages this worker holds.
 
 Started on ``worker_ready`` in the worker's main process (the one that reserves tasks from the
-broker, for every pool), stopped on ``worker_shutdown``. Two things wake it:
-
-- ``task_received`` (Celery's signal, sent by the consumer for every task message it takes
-  from the broker, prefetched ones included, before the task is reserved, scheduled or run):
-  the message ids (one, or every message a batch carries) are handed to the keeper, which
-  renews them at once. No polling: an idle worker costs nothing, and a busy one one UPDATE
-  per burst of received tasks.
-- every ``hold_lease / 3`` s: it reads the ``delivery.deliver`` and
-  ``delivery.deliver_batch`` requests the worker has reserved, is running or holds for a
-  countdown (``celery.worker.state``) and renews them all.
-
-Renewals are one round trip (``delivery.sending.leases.renew_held``) on an engine of its own
-created after the pool forked. A killed worker stops renewing, and beat's sweeper returns its
-messages ``hold_lease`` s later (10 s by default). A task received in the last instant before
-the kill (before its first renewal) keeps the relay's ``dispatch_lease``, which is short (the
-relay renews queued tasks instead: ``delivery.sending.leases.renew_queued``). A failing
-renewal is logged (once a minute at most) by the loop and tried again.
+broker, for every pool), stopped on ``worker_shutdown``. It renews the messages of each task
+the consumer takes from the broker at once (Celery's ``task_received``, prefetched tasks
+included: no polling), and every ``hold_lease / 3`` s the ``delivery.deliver`` and
+``delivery.deliver_batch`` requests the worker has reserved, is running or holds for a
+countdown (``celery.worker.state``), in one round trip (``delivery.sending.leases.renew_held``)
+on an engine of its own created after the pool forked. A failing renewal is logged (once a
+minute at most) by the loop and tried again.
 """
 
 from __future__ import annotations
@@ -35,14 +25,12 @@ from sqlalchemy import Engine
 from delivery.runtime.current import get_settings
 from delivery.runtime.db import make_engine
 from delivery.sending.leases import Renewed, renew_held
+from delivery.worker.deliver import BATCH, DELIVER
 from delivery.worker.schedule import Loop
 
 __all__ = ["Keeper", "held_ids", "renew_once", "start_keeper", "stop_keeper"]
 
 log = logging.getLogger("delivery.worker")
-
-DELIVER = "delivery.deliver"
-DELIVER_BATCH = "delivery.deliver_batch"
 
 
 class Keeper(Loop):
@@ -99,7 +87,7 @@ def _message_ids(request: Any) -> list[int]:
     args = getattr(request, "args", None) or ()
     if name == DELIVER and args and isinstance(args[0], int):
         return [args[0]]
-    if name == DELIVER_BATCH and args and isinstance(args[0], list | tuple):
+    if name == BATCH and args and isinstance(args[0], list | tuple):
         # a batch holds every message it carries: [[id, key], ...]
         return [pair[0] for pair in args[0] if pair and isinstance(pair[0], int)]
     return []
