@@ -32,6 +32,11 @@ REDIS_SERVER = os.environ.get(
 )
 BROKER_URL = os.environ.get("DELIVERY_TEST_BROKER_URL", f"{REDIS_SERVER}/{14 - 2 * (SLOT % 8)}")
 REDIS_URL = f"{REDIS_SERVER}/{15 - 2 * (SLOT % 8)}"
+# The broker of a test whose own worker uses a database other than the suite's. The suite's
+# session worker (``pipeline``) consumes BROKER_URL: sharing it, that worker takes the other
+# database's tasks, finds no such message and drops them, and each one waits out a
+# dispatch_lease before it is published again. Nothing consumes this slot's state db.
+OWN_BROKER_URL = REDIS_URL
 RUN_DIR = Path(tempfile.mkdtemp(prefix="delivery-tests-"))
 
 # The tests press Ctrl-C (SIGINT) on the processes they start, as a terminal does. A suite

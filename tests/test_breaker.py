@@ -68,7 +68,7 @@ from delivery.testing.processes import (
     worker,
 )
 from delivery.testing.stub_provider import StubClient, StubServer
-from tests.conftest import PG_SERVER, REDIS_URL, SLOT, drained, free_port, wait_until
+from tests.conftest import OWN_BROKER_URL, PG_SERVER, REDIS_URL, SLOT, drained, free_port, wait_until
 from tests.fence_kit import fence_db, fence_engine
 
 __all__ = ["fence_db", "fence_engine"]  # fixtures, used by name
@@ -904,7 +904,7 @@ def rig(
     env = {
         **os.environ,
         "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{db}",
-        "DELIVERY_BROKER_URL": REDIS_URL,
+        "DELIVERY_BROKER_URL": OWN_BROKER_URL,
         "DELIVERY_REDIS_URL": REDIS_URL,
         "DELIVERY_CONFIG": str(config),
         "DELIVERY_HOME": str(run / "home"),

@@ -28,7 +28,7 @@ from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.processes import ServiceProcess, beat, start_all, stop_all, stub_provider
 from delivery.testing.processes import worker as worker_process
 from delivery.testing.stub_provider import StubClient
-from tests.conftest import PG_SERVER, REDIS_URL, SLOT, drained, free_port
+from tests.conftest import OWN_BROKER_URL, PG_SERVER, REDIS_URL, SLOT, drained, free_port
 
 pytestmark = pytest.mark.integration
 
@@ -76,7 +76,7 @@ def rig(
     env = {
         **os.environ,
         "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{db}",
-        "DELIVERY_BROKER_URL": REDIS_URL,
+        "DELIVERY_BROKER_URL": OWN_BROKER_URL,
         "DELIVERY_REDIS_URL": REDIS_URL,
         "DELIVERY_CONFIG": str(config),
         "DELIVERY_HOME": str(run / "home"),

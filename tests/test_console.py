@@ -207,14 +207,22 @@ def test_search_masks_recipients_and_finds_by_key_prefix_id_status_and_code(
 
 
 @pytest.mark.parametrize(
-    ("query", "field"),
-    [("status=sen", "status"), ("id=abc", "id"), ("since=yesterday", "since"), ("key=a*b*", "key")],
+    ("path", "field"),
+    [
+        ("/messages?status=sen", "status"),
+        ("/messages?id=abc", "id"),
+        ("/messages?since=yesterday", "since"),
+        ("/messages?key=a*b*", "key"),
+        ("/messages?before=abc", "before"),
+        ("/dead?before=abc", "before"),
+        ("/unknown?before=-1", "before"),
+        ("/dead?since=yesterday", "since"),
+    ],
 )
-def test_a_bad_filter_is_a_400_naming_the_field(
-    client: FlaskClient, query: str, field: str
-) -> None:
-    """A malformed filter answers 400 with the field named, not a 500 or an empty list."""
-    response = get(client, f"/messages?{query}")
+def test_a_bad_filter_is_a_400_naming_the_field(client: FlaskClient, path: str, field: str) -> None:
+    """A malformed filter or page mark answers 400 with the field named, on every list page,
+    not a 500 or a list that silently ignores it."""
+    response = get(client, path)
     assert response.status_code == 400
     assert f"{field}:" in response.get_data(as_text=True)
 

@@ -10,7 +10,7 @@ from flask import Blueprint, abort, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
 
 from delivery import ops
-from delivery.console.context import actor, db, state
+from delivery.console.context import actor, before, db, state
 from delivery.console.jobs import BulkRequest
 from delivery.core.status import Status
 
@@ -35,12 +35,12 @@ def _filter(status: Status) -> ops.MessageFilter:
 
 def _list(status: Status) -> str:
     flt = _filter(status)
-    before = request.args.get("before", "").strip()
-    page = ops.search(db(), flt, before=int(before) if before.isdigit() else None, limit=50)
+    older_than = before("a message id")
+    page = ops.search(db(), flt, before=older_than, limit=50)
     params = flt.query_params()
     params.pop("status", None)
     # Nothing matches the filter (an empty first page): no bulk action to offer.
-    nothing = not page.messages and not before.isdigit()
+    nothing = not page.messages and older_than is None
     actions = [] if nothing else [(n, spec[1]) for n, spec in _BULK.items() if spec[0] is status]
     return render_template(
         "bulk_list.html",
