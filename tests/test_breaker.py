@@ -68,7 +68,15 @@ from delivery.testing.processes import (
     worker,
 )
 from delivery.testing.stub_provider import StubClient, StubServer
-from tests.conftest import OWN_BROKER_URL, PG_SERVER, REDIS_URL, SLOT, drained, free_port, wait_until
+from tests.conftest import (
+    OWN_BROKER_URL,
+    PG_SERVER,
+    REDIS_URL,
+    SLOT,
+    drained,
+    free_port,
+    wait_until,
+)
 from tests.fence_kit import fence_db, fence_engine
 
 __all__ = ["fence_db", "fence_engine"]  # fixtures, used by name
