@@ -129,22 +129,26 @@ def fresh_database(name: str = PG_DB) -> Any:
     engine = make_engine(f"{PG_SERVER}/{name}")
     with engine.begin() as conn:
         conn.execute(
-            text(
-                "DROP TABLE IF EXISTS delivery_audit, delivery_attempts, delivery_messages, "
-                "alembic_version, "
-                "bench_orders CASCADE"
-            )
+            text(f"DROP TABLE IF EXISTS {_outbox_tables()}, alembic_version, bench_orders CASCADE")
         )
     upgrade(engine)
     _BenchBase.metadata.create_all(engine)
     return engine
 
 
+def _outbox_tables() -> str:
+    """Every table of the outbox, from its models (none left out of a TRUNCATE or a DROP)."""
+    from delivery.core.models import Base
+
+    return ", ".join(table.name for table in reversed(Base.metadata.sorted_tables))
+
+
 def truncate(engine: Any) -> None:
+    """Empty the outbox and the business table."""
     from sqlalchemy import text
 
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE delivery_attempts, delivery_messages, bench_orders"))
+        conn.execute(text(f"TRUNCATE {_outbox_tables()}, bench_orders"))
 
 
 def flush_redis() -> None:

@@ -8,7 +8,8 @@ Exceptions are for bad input and bugs, never for the outcome of a send (see
     ├── InvalidMessage         bad input to ``enqueue``; names the field
     ├── IdempotencyConflict    key already used for a different payload
     ├── MessageNotFound        no message with that id or key (ops commands)
-    └── InvalidFilter          a bad search filter (console, ops); names the field
+    ├── InvalidFilter          a bad search filter (console, ops); names the field
+    └── InvalidReceipt         a provider's receipt is malformed; names the field
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ __all__ = [
     "IdempotencyConflict",
     "InvalidFilter",
     "InvalidMessage",
+    "InvalidReceipt",
     "MessageNotFound",
 ]
 
@@ -68,6 +70,16 @@ class MessageNotFound(DeliveryError):
 class InvalidFilter(DeliveryError):
     """A search filter is malformed (``status: 'sen' is not a status``); nothing was read.
     ``field`` names the filter."""
+
+    def __init__(self, field: str, problem: str) -> None:
+        super().__init__(f"{field}: {problem}")
+        self.field = field
+        self.problem = problem
+
+
+class InvalidReceipt(DeliveryError):
+    """A provider's receipt is malformed (``status: 'lost' is not a receipt status``); nothing
+    was written. ``field`` names the field of the receipt."""
 
     def __init__(self, field: str, problem: str) -> None:
         super().__init__(f"{field}: {problem}")

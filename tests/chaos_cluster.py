@@ -41,6 +41,7 @@ from delivery.testing.processes import (
     worker,
 )
 from delivery.testing.stub_provider import StubClient
+from tests.factories import OUTBOX_TABLES
 from tests.faultproxy import FaultProxy
 
 __all__ = [
@@ -469,7 +470,7 @@ class Cluster:
     def reset(self, broker: str) -> None:
         """Empty outbox, broker and shared state; a stub and a proxy without faults."""
         with self.db.begin() as conn:
-            conn.execute(text("TRUNCATE delivery_attempts, delivery_messages RESTART IDENTITY"))
+            conn.execute(text(f"TRUNCATE {OUTBOX_TABLES} RESTART IDENTITY"))
         self.purge_broker(broker)
         self.stub.reset()
         self.proxy.clear()

@@ -145,15 +145,11 @@ def pg_engine() -> Iterator[Engine]:
     except Exception as exc:
         need("PostgreSQL", exc)
     from delivery.runtime.db import make_engine, upgrade
+    from tests.factories import OUTBOX_TABLES
 
     engine = make_engine(PG_URL)
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "DROP TABLE IF EXISTS delivery_audit, delivery_attempts, delivery_messages, "
-                "alembic_version CASCADE"
-            )
-        )
+        conn.execute(text(f"DROP TABLE IF EXISTS {OUTBOX_TABLES}, alembic_version CASCADE"))
     upgrade(engine)
     yield engine
     engine.dispose()
@@ -222,8 +218,10 @@ def pipeline(pg_engine: Engine, broker_ready: None, stub):  # type: ignore[no-un
 @pytest.fixture
 def clean(pg_engine: Engine, stub, redis_client) -> Engine:  # type: ignore[no-untyped-def]
     """Empty outbox, closed breakers (shared state flushed) and a stub with no faults."""
+    from tests.factories import OUTBOX_TABLES
+
     with pg_engine.begin() as conn:
-        conn.execute(text("TRUNCATE delivery_audit, delivery_attempts, delivery_messages"))
+        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
     redis_client.flushdb()
     stub.reset()
     return pg_engine

@@ -8,9 +8,12 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from delivery.core.models import Attempt, Message, utcnow
+from delivery.core.models import Attempt, Base, Message, utcnow
 
 RECIPIENT = "+15555550123"
+#: Every table of the outbox, for ``TRUNCATE``: read from the models, so none is left out (a
+#: table that references the messages would make the TRUNCATE fail).
+OUTBOX_TABLES = ", ".join(table.name for table in reversed(Base.metadata.sorted_tables))
 
 
 def message_values(key: str, status: str = "pending", **fields: Any) -> dict[str, Any]:

@@ -22,7 +22,7 @@ from delivery.providers.base import Envelope
 from delivery.runtime.db import make_sessionmaker
 from delivery.runtime.service import Service
 from tests.conftest import PG_DB, PG_SERVER, need
-from tests.factories import message_values
+from tests.factories import OUTBOX_TABLES, message_values
 
 FENCE_DB = f"{PG_DB}_fences"
 
@@ -57,7 +57,7 @@ def fence_db(fence_engine: Engine) -> Engine:
 
 def wipe(engine: Engine) -> None:
     with engine.begin() as conn:
-        conn.execute(text("TRUNCATE delivery_attempts, delivery_messages"))
+        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
 
 
 Hook = Callable[[Envelope], None]

@@ -77,6 +77,7 @@ from tests.conftest import (
     free_port,
     wait_until,
 )
+from tests.factories import OUTBOX_TABLES
 from tests.fence_kit import fence_db, fence_engine
 
 __all__ = ["fence_db", "fence_engine"]  # fixtures, used by name
@@ -948,7 +949,7 @@ def fresh(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> Rig:
     would publish to the suite's broker, not the rig's)."""
     monkeypatch.setattr(outbox, "_nudge", None)
     with rig.engine.begin() as conn:
-        conn.execute(text("TRUNCATE delivery_attempts, delivery_messages"))
+        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
     rig.stub.reset()
     rig.breaker().reset()
     return rig

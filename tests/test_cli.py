@@ -30,7 +30,7 @@ def reload(session: Session, key: str) -> Message:
 
 
 def test_stats_json_counts_every_status(session: Session) -> None:
-    """``stats --json`` prints one line with all seven statuses, zeros included, and nothing
+    """``stats --json`` prints one line with every status, zeros included, and nothing
     else: scripts rely on this shape (``--by-provider`` adds keys, see test_ops_cli)."""
     for i in range(3):
         add(session, f"d{i}", "dead")
@@ -50,6 +50,8 @@ def test_stats_json_counts_every_status(session: Session) -> None:
         "unknown": 1,
         "cancelled": 0,
         "expired": 0,
+        "delivered": 0,
+        "undelivered": 0,
     }
     assert list(json.loads(result.output)) == [
         "pending",
@@ -60,6 +62,8 @@ def test_stats_json_counts_every_status(session: Session) -> None:
         "unknown",
         "cancelled",
         "expired",
+        "delivered",
+        "undelivered",
     ]
 
 

@@ -17,6 +17,7 @@ from delivery import ops
 from delivery.core.models import utcnow
 from delivery.ops.search import page_query
 from delivery.testing.fill import fill_outbox
+from tests.factories import OUTBOX_TABLES
 
 ROWS = 300_000
 
@@ -25,7 +26,7 @@ ROWS = 300_000
 def big(pg_engine: Engine) -> Iterator[Engine]:
     """The suite's PostgreSQL outbox filled with ROWS messages, emptied afterwards."""
     with pg_engine.begin() as conn:
-        conn.execute(text("TRUNCATE delivery_audit, delivery_attempts, delivery_messages"))
+        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
         fill_outbox(conn, ROWS, dt.timedelta(seconds=1))
     with pg_engine.connect() as conn:
         conn.execution_options(isolation_level="AUTOCOMMIT").execute(
@@ -33,7 +34,7 @@ def big(pg_engine: Engine) -> Iterator[Engine]:
         )
     yield pg_engine
     with pg_engine.begin() as conn:
-        conn.execute(text("TRUNCATE delivery_audit, delivery_attempts, delivery_messages"))
+        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
 
 
 def plan(engine: Engine, params: dict[str, str], before: int | None = None) -> str:

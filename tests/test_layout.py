@@ -211,6 +211,7 @@ ROOMS: dict[str, set[str]] = {
     "console": {"config", "core", "errors", "guards", "ops", "providers", "runtime"},
     "contrib": {"config", "core", "errors", "observability", "ops", "outbox", "relay", "runtime"},
     "testing": {"config", "core", "outbox", "runtime"},
+    "receipts": {"config", "core", "errors", "ops", "runtime", "transitions"},
     "cli": {
         "config",
         "console",
@@ -219,6 +220,7 @@ ROOMS: dict[str, set[str]] = {
         "guards",
         "observability",
         "ops",
+        "receipts",
         "runtime",
         "testing",
     },

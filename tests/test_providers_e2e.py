@@ -28,6 +28,7 @@ from delivery.core.models import Attempt, Message
 from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.processes import ServiceProcess, beat, worker
 from tests.conftest import PG_DB, PG_SERVER, RUN_DIR, need, wait_until
+from tests.factories import OUTBOX_TABLES
 from tests.provider_stubs import PIGEON_503_HTML, PigeonStub, Reply, TwilioStub, WebhookReceiver
 
 pytestmark = pytest.mark.integration
@@ -98,12 +99,7 @@ def _database() -> Engine:
         need("PostgreSQL", exc)
     engine = make_engine(f"{PG_SERVER}/{DB}")
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "DROP TABLE IF EXISTS delivery_audit, delivery_attempts, delivery_messages, "
-                "alembic_version CASCADE"
-            )
-        )
+        conn.execute(text(f"DROP TABLE IF EXISTS {OUTBOX_TABLES}, alembic_version CASCADE"))
     upgrade(engine)
     return engine
 

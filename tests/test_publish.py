@@ -34,7 +34,7 @@ from delivery.runtime.current import get_settings
 from delivery.worker.app import app
 from delivery.worker.publish import publish
 from tests.conftest import BROKER_URL, PG_DB, PG_SERVER, RUN_DIR, free_port, wait_until
-from tests.factories import message_values
+from tests.factories import OUTBOX_TABLES, message_values
 
 pytestmark = pytest.mark.integration
 
@@ -56,12 +56,7 @@ def private(pg_engine: Engine) -> Iterator[Engine]:
     admin.dispose()
     engine = make_engine(PRIVATE_URL)
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                "DROP TABLE IF EXISTS delivery_audit, delivery_attempts, delivery_messages, "
-                "alembic_version CASCADE"
-            )
-        )
+        conn.execute(text(f"DROP TABLE IF EXISTS {OUTBOX_TABLES}, alembic_version CASCADE"))
     upgrade(engine)
     yield engine
     engine.dispose()
@@ -70,7 +65,7 @@ def private(pg_engine: Engine) -> Iterator[Engine]:
 @pytest.fixture
 def outbox(private: Engine, broker_ready: None) -> Engine:
     with private.begin() as conn:
-        conn.execute(text("TRUNCATE delivery_audit, delivery_attempts, delivery_messages"))
+        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
     return private
 
 

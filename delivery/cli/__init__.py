@@ -12,6 +12,7 @@ or the migrations) and renders the answer; none holds a query of its own:
 - ``breaker``: ``breaker status``, ``breaker reset``;
 - ``testing``: ``stub-provider``, ``demo``;
 - ``console``: ``console`` (the web console, ``delivery.console``);
+- ``receiver``: ``receiver`` (the receipt receiver, ``delivery.receipts``);
 - ``flower``: ``flower`` (Flower with authentication and persistence);
 - ``common``: what they share (settings, the outbox session, tables, JSON, ``--since``).
 
@@ -33,6 +34,7 @@ from delivery.cli import (
     flower,
     inspect,
     prune,
+    receiver,
     repair,
     testing,
     watch,
@@ -64,6 +66,7 @@ for _command in (
     testing.demo,
     breaker.breaker_group,
     console.console_command,
+    receiver.receiver_command,
     flower.flower_command,
 ):
     main.add_command(_command)

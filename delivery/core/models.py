@@ -1,4 +1,4 @@
-"""The outbox schema: one row per logical message, one row per attempt.
+"""The outbox schema: one row per logical message, one row per attempt, one per receipt.
 
 The migrations in ``delivery/migrations`` create exactly these tables; a test checks that
 the two agree.
@@ -33,9 +33,11 @@ __all__ = [
     "AuditEntry",
     "Base",
     "Message",
+    "Receipt",
     "UTCDateTime",
     "attempts_table",
     "messages_table",
+    "receipts_table",
     "utcnow",
 ]
 
@@ -176,6 +178,40 @@ class Attempt(Base):
     )
 
 
+class Receipt(Base):
+    """One delivery receipt a provider called back with (``delivery.receipts``), stored before
+    it is acknowledged. ``event`` is the provider's id of the callback (a retried callback
+    repeats it: one row per provider and event). ``effect``: what it did to its message,
+    ``moved`` (the status changed), ``kept`` (a duplicate, a status no higher than the
+    message's, or a message in a state receipts do not move) or ``waiting`` (a final receipt
+    for a message whose worker has not yet recorded it ``sent``; the sweeper applies it)."""
+
+    __tablename__ = "delivery_receipts"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    message_id: Mapped[int] = mapped_column(
+        Id, ForeignKey("delivery_messages.id", ondelete="CASCADE"), index=True
+    )
+    provider: Mapped[str] = mapped_column(String(64))
+    event: Mapped[str] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16))
+    code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    provider_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    received_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    effect: Mapped[str] = mapped_column(String(16))
+
+    __table_args__ = (
+        Index("uq_delivery_receipts_provider", "provider", "event", unique=True),
+        # The sweeper's look for receipts that wait: only those rows are in it.
+        Index(
+            "ix_delivery_receipts_waiting",
+            "id",
+            postgresql_where=text("effect = 'waiting'"),
+            sqlite_where=text("effect = 'waiting'"),
+        ),
+    )
+
+
 class AuditEntry(Base):
     """One operator action (console, CLI, Django admin): who, when, what, on which message,
     from which status to which. ``message_id`` is not a foreign key: the record outlives a
@@ -197,3 +233,4 @@ class AuditEntry(Base):
 #: The Core tables, for the hot paths (relay, sender, sweeper) that skip the ORM.
 messages_table = cast(Table, Message.__table__)
 attempts_table = cast(Table, Attempt.__table__)
+receipts_table = cast(Table, Receipt.__table__)

@@ -13,6 +13,8 @@
     dispatched ──breaker open──▶ pending (no attempt spent)
     pending, dispatched ──ttl passed──▶ expired
     dead, unknown ──redrive──▶ pending   (same key; attempts go on, a fresh budget)
+    sent, unknown ──receipt──▶ delivered | undelivered   (the provider's callback)
+    undelivered ──receipt──▶ delivered   (delivered proves arrival; never the other way)
 
 - ``pending``: waits for ``next_attempt_at``; the relay claims it.
 - ``dispatched``: a task was published (or, for a row ``enqueue`` wrote claimed while the
@@ -27,6 +29,13 @@
 - ``cancelled``: cancelled while pending.
 - ``expired``: its time-to-live (``expires_at``) passed before it could be sent; never sent
   late (an OTP is worthless after five minutes).
+- ``delivered``: the provider's receipt says it reached the recipient.
+- ``undelivered``: the provider's receipt says it accepted it but could not deliver it.
+
+Receipts only move a message up ``sent`` < ``undelivered`` < ``delivered`` (``RECEIPT_RANK``),
+so the order they arrive in never changes where it ends: a late ``sent`` after ``delivered``,
+or a duplicate, changes nothing. A final receipt for an ``unknown`` message proves the provider
+had it, and resolves it.
 
 Every transition is a conditional UPDATE on the expected status (and attempt count), so a
 duplicate task, a second relay or a late worker changes nothing; each is a named function of
@@ -37,7 +46,7 @@ from __future__ import annotations
 
 import enum
 
-__all__ = ["FINAL", "OPEN", "Status"]
+__all__ = ["FINAL", "OPEN", "RECEIPT_RANK", "Status"]
 
 
 class Status(enum.StrEnum):
@@ -49,7 +58,21 @@ class Status(enum.StrEnum):
     UNKNOWN = "unknown"
     CANCELLED = "cancelled"
     EXPIRED = "expired"
+    DELIVERED = "delivered"
+    UNDELIVERED = "undelivered"
 
 
-FINAL = frozenset({Status.SENT, Status.DEAD, Status.UNKNOWN, Status.CANCELLED, Status.EXPIRED})
+FINAL = frozenset(
+    {
+        Status.SENT,
+        Status.DEAD,
+        Status.UNKNOWN,
+        Status.CANCELLED,
+        Status.EXPIRED,
+        Status.DELIVERED,
+        Status.UNDELIVERED,
+    }
+)
+#: Where receipts may take a message, lowest first: a receipt moves it only upwards.
+RECEIPT_RANK: dict[Status, int] = {Status.SENT: 0, Status.UNDELIVERED: 1, Status.DELIVERED: 2}
 OPEN = frozenset({Status.PENDING, Status.DISPATCHED, Status.SENDING})

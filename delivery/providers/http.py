@@ -4,9 +4,13 @@ protocol and the stub provider"; the stub speaks it).
 - ``POST {base}/v1/messages`` with JSON ``{"to": ..., **payload}`` and ``Idempotency-Key``.
 - ``GET {base}/v1/messages?idempotency_key=K``: 200 with the message, or 404.
 - ``Authorization: Bearer <secret>`` when ``api_key_env`` names an environment variable.
+- Receipts: signed POSTs to ``delivery receiver`` (``delivery.receipts.protocol``), checked
+  with the ``whsec_`` secret in the variable ``receipt_secret_env`` names.
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
 
 import httpx
 
@@ -19,6 +23,8 @@ __all__ = ["HttpProvider"]
 
 
 class HttpProvider(PooledClient):
+    config_keys: Mapping[str, type] = {"receipt_secret_env": str}
+
     def __init__(self, config: ProviderConfig, transport: httpx.BaseTransport | None = None):
         secret = config.api_key()
         super().__init__(

@@ -9,6 +9,8 @@
   ``give_up`` -> ``unknown``. Spent attempts also end in ``unknown``.
 - ``pending`` or ``dispatched`` past its time-to-live (``expires_at``): ``expired``, never sent
   late.
+- A delivery receipt that arrived before its message's worker recorded it ``sent`` waits
+  (``delivery.transitions.receipts``); each pass applies those whose message has moved on.
 
 Every change is a transition of ``delivery.transitions.recovery`` (``expire`` and
 ``requeue`` for every row that matches, ``recover`` for one send), which says why its fence
@@ -26,6 +28,7 @@ from delivery.core.clock import db_now
 from delivery.core.models import messages_table
 from delivery.core.policies import UnknownPolicy
 from delivery.core.status import Status
+from delivery.transitions.receipts import apply_waiting
 from delivery.transitions.recovery import LEASE_EXPIRED, expire, recover, requeue
 
 __all__ = ["LEASE_EXPIRED", "SweepReport", "sweep"]
@@ -39,6 +42,7 @@ class SweepReport:
     recovered: int
     unknown: int
     expired: int = 0
+    receipts: int = 0  # waiting receipts applied
 
 
 def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) -> SweepReport:
@@ -69,4 +73,6 @@ def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) 
             unknown += 1
         else:
             recovered += 1
-    return SweepReport(requeued, recovered, unknown, expired)
+    with engine.begin() as conn:
+        receipts = apply_waiting(conn, limit)
+    return SweepReport(requeued, recovered, unknown, expired, receipts)

@@ -9,8 +9,8 @@ attempt count (``fence.move``). The attempt count changes only when a worker tak
 never goes back, so a late worker, a duplicate task or a second relay is a no-op, never a
 second send. The moves fenced on the status alone say why that is safe in their modules: the
 relay's claim (``relay``), the sweeper's moves of every row past its lease or time-to-live
-(``recovery``) and the operators' repairs (``repair``); each starts from a status that no
-worker holds.
+(``recovery``), the operators' repairs (``repair``) and the receipts' moves
+(``receipts``); each starts from a status that no worker holds.
 
 - ``vocabulary``: what a task does next (``Action``, ``Result``), the message in flight
   (``Sending``), why an attempt did not end it (``Failure``);
@@ -19,7 +19,9 @@ worker holds.
 - ``worker``: take, leave, finish_sent, stop, park, give_back, renew, extend_lease;
 - ``recovery``: the sweeper's expire, requeue and recover;
 - ``relay``: the relay's dispatch (the claim) and release;
-- ``repair``: the operators' redrive, resolve and cancel.
+- ``repair``: the operators' redrive, resolve and cancel;
+- ``receipts``: a provider's delivery receipt recorded, and its move (``sent`` or ``unknown``
+  -> ``delivered`` or ``undelivered``); the sweeper applies the ones that waited.
 
 May import: ``delivery.config``, ``delivery.observability.events`` and the pipeline's shared
 vocabulary (``models``, ``status``, ``outcomes``, ``policies``, ``clock``); never the modules

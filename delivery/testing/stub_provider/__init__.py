@@ -34,18 +34,49 @@ Fault knobs (all off by default; ``PUT /_stub/faults`` merges a partial dict, to
 * ``dedupe`` (default true): when false every POST is a new effect, but keys are still
   remembered for lookup.
 
-Control API: ``GET|PUT /_stub/faults`` (unknown or invalid field -> 400 naming it),
-``POST /_stub/reset``, ``GET /_stub/effects`` -> ``{"effects": {key: n}, "total": n}``,
+Delivery receipts (off by default), as a provider calls back a StatusCallback URL: for each
+effect (a ``drop``ped answer's too; never a replay) a daemon thread POSTs the message's
+receipts to ``url``, one per status of its sequence, ``delay_ms`` after the effect:
+
+* Body (compact JSON): ``{"id": "msg_...", "idempotency_key": K, "status": S, "code": null or
+  "...", "at": "2026-12-06T03:00:00.123Z"}``; ``at`` is the event time, 1 ms apart along the
+  sequence whatever the order sent.
+* Headers (Standard Webhooks): ``content-type: application/json``, ``webhook-id: evt_<24 hex>``
+  (one per event; a duplicate delivery reuses it), ``webhook-timestamp`` (Unix seconds of this
+  POST), ``webhook-signature: v1,<base64 HMAC-SHA256(key, f"{id}.{timestamp}." + body)>`` with
+  ``key = b64decode(secret.removeprefix("whsec_") + "==")``.
+* A POST answered non-2xx, refused or timed out (5 s) is tried again after ``retry_ms``,
+  doubling each time, ``max_tries`` times in all. No proxy, no redirect.
+
+Receipt knobs (``PUT /_stub/receipts`` merges a partial dict, top level only):
+
+* ``url`` (http(s) URL or null = off) and ``secret`` (``whsec_<base64>``, required with a url).
+* ``statuses`` (default ``["sent", "delivered"]``), each with ``code`` null.
+* ``rules``: ``{recipient: {"status": "delivered" | "undelivered", "code": "30003" or null}}``
+  replaces the last status and its code for that recipient. Setting ``rules`` replaces the map.
+* ``delay_ms`` (default 0); ``reorder`` (false): send a message's sequence last status first.
+* ``duplicate_rate`` (0..1, per event): deliver the event twice. ``never_rate`` (0..1, per
+  message): send no receipt. Draws come from their own ``random.Random(seed)``.
+* ``max_tries`` (default 5, >= 1) and ``retry_ms`` (default 200).
+
+Control API: ``GET|PUT /_stub/faults`` and ``GET|PUT /_stub/receipts`` (unknown or invalid
+field -> 400 naming it; a PUT returns the whole config), ``POST /_stub/reset`` (faults and
+receipts' config back to defaults, every log cleared, unsent receipts dropped),
+``GET /_stub/receipts`` -> ``{"config": {...}, "sent": [{"event", "key", "status", "answer",
+"tries", "duplicate"}]}`` (one entry per receipt event in the order first attempted; ``answer``
+is the last HTTP status, null if never answered; ``tries`` counts a duplicate's POSTs too; the
+config shows ``secret`` and the recipients of ``rules`` as sha256 hex; no recipient, body or
+secret is shown), ``GET /_stub/effects`` -> ``{"effects": {key: n}, "total": n}``,
 ``GET /_stub/requests`` -> ``{"requests": [{"key", "to", "at", "status", "outcome", "auth"}]}``
 in arrival order (outcome is effect, replay, error, dropped or rejected; a dropped request logs
 the status it would have had; ``auth`` is the sha256 hex of the Authorization header, or null
 when there was none; payloads and secrets are never logged),
 ``GET /_stub/health`` -> ``{"ok": true}``.
 
-The package: ``answers`` (the answers and the fault knobs' validation), ``state`` (what the
-stub remembers), ``handler`` (the HTTP server and its request handler), ``server``
-(``StubServer``, ``main``), ``client`` (``StubClient``). May import: nothing of ``delivery``
-(it stands for somebody else's service).
+The package: ``answers`` (the answers, the knobs' validation, the receipts' body and
+signature), ``state`` (what the stub remembers, and the receipts' sender thread), ``handler``
+(the HTTP server and its request handler), ``server`` (``StubServer``, ``main``), ``client``
+(``StubClient``). May import: nothing of ``delivery`` (it stands for somebody else's service).
 """
 
 from __future__ import annotations

@@ -41,6 +41,14 @@ class StubClient:
     def faults(self) -> dict[str, Any]:
         return cast(dict[str, Any], self._json(self._http.get("/_stub/faults")))
 
+    def set_receipts(self, **knobs: Any) -> dict[str, Any]:
+        """Merge ``knobs`` into the stub's receipts' config and return it; ValueError if bad."""
+        return cast(dict[str, Any], self._json(self._http.put("/_stub/receipts", json=knobs)))
+
+    def receipts(self) -> dict[str, Any]:
+        """``{"config": {...}, "sent": [...]}``: the receipts' config and log."""
+        return cast(dict[str, Any], self._json(self._http.get("/_stub/receipts")))
+
     def reset(self) -> None:
         self._json(self._http.post("/_stub/reset"))
 

@@ -234,7 +234,8 @@ class Handler(BaseHTTPRequestHandler):
             error_rate: float = faults["error_rate"]
             if attempts <= faults["fail_first"] or (error_rate and state.rng.random() < error_rate):
                 return provider_error(faults), "error"
-        message = dumps({"id": "msg_" + secrets.token_hex(12), "to": to, "status": "accepted"})
+        msg_id = "msg_" + secrets.token_hex(12)
+        message = dumps({"id": msg_id, "to": to, "status": "accepted"})
         if rule is None:
             answer = Answer(201, message, JSON)
         else:
@@ -244,6 +245,7 @@ class Handler(BaseHTTPRequestHandler):
             state.lookup[key] = message
             if faults["dedupe"]:
                 state.stored[key] = Stored(digest, *answer[:3])
+        state.queue_receipts_locked(msg_id, key, to)
         drop_rate: float = faults["drop_rate"]
         if (rule is not None and rule.drop) or (drop_rate and state.rng.random() < drop_rate):
             return answer, "dropped"
@@ -256,6 +258,7 @@ class Handler(BaseHTTPRequestHandler):
         name = path[len("/_stub/") :]
         allowed = {
             "faults": ("GET", "PUT"),
+            "receipts": ("GET", "PUT"),
             "reset": ("POST",),
             "effects": ("GET",),
             "requests": ("GET",),
@@ -275,6 +278,16 @@ class Handler(BaseHTTPRequestHandler):
                 return Answer(200, dumps(state.set_faults(updates)), JSON)
             except ValueError as exc:
                 return error(400, "INVALID_FAULT", str(exc))
+        if name == "receipts":
+            if method == "GET":
+                return Answer(200, dumps(state.get_receipts()), JSON)
+            updates = _json(self._read_body())
+            if not isinstance(updates, dict):
+                return error(400, "INVALID_REQUEST", "body must be a JSON object")
+            try:
+                return Answer(200, dumps(state.set_receipts(updates)), JSON)
+            except ValueError as exc:
+                return error(400, "INVALID_RECEIPTS", str(exc))
         if name == "reset":
             self._read_body()
             state.reset()

@@ -70,7 +70,8 @@ class StubServer:
                 self._serving = False
 
     def stop(self) -> None:
-        """Stop serving, drop open connections and release the port (idempotent)."""
+        """Stop serving, drop open connections, release the port and stop the receipts'
+        sender thread (idempotent)."""
         with self._lock:
             if self._closed:
                 return
@@ -80,6 +81,7 @@ class StubServer:
             self._httpd.shutdown()
         self._httpd.close_connections()
         self._httpd.server_close()
+        self._state.close()
         thread = self._thread
         if thread is not None and thread.is_alive() and thread is not threading.current_thread():
             thread.join(timeout=5)
@@ -98,8 +100,17 @@ class StubServer:
         return self._state.get_faults()
 
     def reset(self) -> None:
-        """Restore default faults and forget effects, stored messages and the request log."""
+        """Restore default faults and receipts' config; forget effects, stored messages, the
+        request log, the receipts' log and the receipts not yet sent."""
         self._state.reset()
+
+    def set_receipts(self, **knobs: Any) -> dict[str, Any]:
+        """Merge ``knobs`` into the receipts' config and return it; ValueError if bad."""
+        return self._state.set_receipts(knobs)
+
+    def receipts(self) -> dict[str, Any]:
+        """``{"config": {...}, "sent": [...]}``, as ``GET /_stub/receipts`` answers."""
+        return self._state.get_receipts()
 
     def effects(self) -> dict[str, int]:
         return self._state.get_effects()

@@ -1,0 +1,189 @@
+"""The receipt receiver: a WSGI app for ``POST /receipts/{provider}`` (docs/operations.md,
+"The receipt receiver"). It has no framework: ``delivery receiver`` serves it with waitress,
+and it mounts under any prefix of a Flask or Django app (it reads ``PATH_INFO``).
+
+A receipt is acknowledged (200) only once it is stored: its row and its message's move commit
+together (``delivery.transitions.receipts.record``) before the answer. The answers:
+
+- 200: stored (a duplicate too); also a receipt for a message we do not know (so the provider
+  stops retrying), which is counted and logged by the provider's reference only;
+- 400: a malformed receipt, naming the field; 403: a missing or wrong signature; nothing is
+  written for either;
+- 404: not a provider with receipts (``receipt_secret_env``); 405: not a POST;
+- 413: a body over ``MAX_BODY`` bytes, refused before it is read;
+- 503 with ``Retry-After``: the database did not answer (down, or slower than its short
+  timeouts): the provider retries later, and no receipt is acknowledged and lost.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from sqlalchemy import Engine, make_url
+from sqlalchemy.exc import SQLAlchemyError
+from sqlalchemy.orm import Session
+
+from delivery.config.settings import Settings
+from delivery.core import bounds
+from delivery.core.models import Message
+from delivery.core.status import Status
+from delivery.errors import ConfigError, InvalidReceipt
+from delivery.ops.audit import record as audit
+from delivery.receipts.protocol import SignatureRefused, Verifier, read
+from delivery.runtime.db import check_outbox, make_engine
+from delivery.transitions.receipts import ReceiptEvent, record
+
+__all__ = ["MAX_BODY", "RETRY_AFTER", "Receiver", "make_receiver", "verifiers"]
+
+log = logging.getLogger("delivery.receipts")
+
+MAX_BODY = 16 * 1024
+"""The largest receipt body read, in bytes: a receipt is a few hundred."""
+RETRY_AFTER = 5
+"""Seconds a provider is asked to wait when the database does not answer."""
+DB_WAIT = 2.0
+"""Seconds the receiver waits on the database (connect, a statement, a pooled connection)."""
+_PREFIX = "/receipts/"
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+
+def verifiers(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Verifier]:
+    """The signature check of every provider that has receipts (``receipt_secret_env``), by
+    name; ``ConfigError`` naming the key whose variable is unset or not a secret."""
+    env = os.environ if environ is None else environ
+    found: dict[str, Verifier] = {}
+    for name, config in sorted(settings.providers.items()):
+        variable = config.options.get("receipt_secret_env")
+        if not isinstance(variable, str):
+            continue
+        setting = f"providers.{name}.receipt_secret_env"
+        secret = env.get(variable, "").strip()
+        if not secret:
+            raise ConfigError(setting, f"environment variable {variable} is unset or empty")
+        found[name] = Verifier(setting, secret)
+    return found
+
+
+def make_receiver(settings: Settings, environ: Mapping[str, str] | None = None) -> Receiver:
+    """The receiver of ``settings``' outbox, refusing to be built broken: ``ConfigError`` when
+    no provider has receipts, a secret is missing, or the outbox is not reachable and migrated.
+    Its engine waits for the database briefly (``DB_WAIT`` s to connect, to run a statement,
+    or for a pooled connection), so that a slow or stopped database is a quick 503."""
+    checks = verifiers(settings, environ)
+    if not checks:
+        raise ConfigError(
+            "providers", "no provider has receipt_secret_env: there are no receipts to receive"
+        )
+    check_outbox(settings.database_url)
+    args: dict[str, Any] = {}
+    if make_url(settings.database_url).get_backend_name() == "postgresql":
+        timeout = f"-c statement_timeout={int(DB_WAIT * 1000)}"
+        args = {"connect_args": {"connect_timeout": max(1, round(DB_WAIT)), "options": timeout}}
+    engine = make_engine(settings.database_url, pool_timeout=DB_WAIT, **args)
+    return Receiver(engine, checks)
+
+
+class Receiver:
+    """The WSGI app: receipts of the providers in ``checks`` into ``engine``'s outbox."""
+
+    def __init__(self, engine: Engine, checks: Mapping[str, Verifier]) -> None:
+        self.engine, self.checks = engine, dict(checks)
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        status, body, headers = self._answer(environ)
+        payload = json.dumps(body).encode()
+        start_response(
+            status,
+            [
+                ("Content-Type", "application/json"),
+                ("Content-Length", str(len(payload))),
+                *headers,
+            ],
+        )
+        return [payload]
+
+    def _answer(self, environ: dict[str, Any]) -> tuple[str, dict[str, Any], list[tuple[str, str]]]:
+        path = environ.get("PATH_INFO", "")
+        provider = path[len(_PREFIX) :] if path.startswith(_PREFIX) else ""
+        if provider not in self.checks:
+            return "404 Not Found", {"error": "no receipts for this path"}, []
+        if environ.get("REQUEST_METHOD") != "POST":
+            return "405 Method Not Allowed", {"error": "POST a receipt"}, [("Allow", "POST")]
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or 0)
+        except ValueError:
+            length = -1
+        if not 0 <= length <= MAX_BODY:
+            return "413 Content Too Large", {"error": f"a receipt is at most {MAX_BODY} bytes"}, []
+        body = environ["wsgi.input"].read(length)
+        headers = {
+            name[5:].replace("_", "-").lower(): value
+            for name, value in environ.items()
+            if name.startswith("HTTP_")
+        }
+        try:
+            self.checks[provider].check(body, headers)
+            receipt = read(provider, body, headers)
+        except SignatureRefused:
+            log.warning("receipt for %s refused: bad or missing signature", provider)
+            return "403 Forbidden", {"error": "bad or missing signature"}, []
+        except InvalidReceipt as exc:
+            return "400 Bad Request", {"error": str(exc), "field": exc.field}, []
+        try:
+            known = self._store(receipt)
+        except SQLAlchemyError as exc:
+            log.warning(
+                "receipt %s of %s not stored: %s", receipt.event, provider, type(exc).__name__
+            )
+            retry = [("Retry-After", str(RETRY_AFTER))]
+            return "503 Service Unavailable", {"error": "not stored, try again later"}, retry
+        if not known:
+            ref = _ref(body)
+            log.info(
+                "receipt %s of %s for a message we do not know (ref %s)",
+                receipt.event,
+                provider,
+                ref,
+            )
+        return "200 OK", {"ok": True}, []
+
+    def _store(self, receipt: ReceiptEvent) -> bool:
+        """Store ``receipt`` and make its move; False if no message has its key. A receipt
+        that resolves an ``unknown`` message is audited as the receipt's doing."""
+        with Session(self.engine) as session, session.begin():
+            done = record(session.connection(), receipt)
+            if done.moved_from is Status.UNKNOWN and done.message_id is not None:
+                message = session.get(Message, done.message_id)
+                audit(
+                    session,
+                    actor=f"receipt:{receipt.provider}",
+                    action="resolve",
+                    message=message,
+                    from_status=Status.UNKNOWN.value,
+                    to_status=receipt.status,
+                    detail=f"receipt {receipt.event}",
+                )
+        if done.effect is not None:
+            log.info(
+                "receipt %s of %s for %s: %s (%s)",
+                receipt.event,
+                receipt.provider,
+                receipt.key,
+                receipt.status,
+                done.effect.value,
+            )
+        return done.message_id is not None
+
+
+def _ref(body: bytes) -> str:
+    """The provider's reference of the message a receipt names, bounded, for a log line."""
+    try:
+        ref = json.loads(body).get("id")
+    except (ValueError, AttributeError):
+        ref = None
+    return bounds.text(ref, 64) if ref else "?"

@@ -1,0 +1,269 @@
+"""Delivery receipts, received: the receipts' moves (``delivery.transitions.receipts``) and the
+receiver's answers (``delivery.receipts``), on a migrated SQLite outbox; the signatures are
+made by the ``standardwebhooks`` library, as a provider would make them."""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+import json
+import uuid
+from collections.abc import Iterator, Sequence
+
+import httpx
+import pytest
+from sqlalchemy import create_engine, func, select
+from sqlalchemy.orm import Session
+from standardwebhooks.webhooks import Webhook
+
+from delivery.config.loading import settings_from_mapping
+from delivery.core.models import AuditEntry, Message, Receipt
+from delivery.core.status import Status
+from delivery.errors import ConfigError
+from delivery.receipts import MAX_BODY, Receiver, make_receiver
+from delivery.receipts.protocol import Verifier
+from delivery.relay.sweeper import sweep
+from delivery.runtime.db import make_engine
+from delivery.transitions.receipts import Effect, ReceiptEvent, record
+from tests.factories import add
+
+SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SIGNER = Webhook(SECRET)
+
+
+def event(key: str, status: str, name: str | None = None) -> ReceiptEvent:
+    return ReceiptEvent("stub", name or f"evt_{uuid.uuid4().hex}", key, status)
+
+
+def recorded(session: Session, receipts: Sequence[ReceiptEvent]) -> str:
+    """Record ``receipts`` in order, each in its own transaction; the message's status."""
+    for receipt in receipts:
+        record(session.connection(), receipt)
+        session.commit()
+    message = session.scalars(select(Message).where(Message.key == receipts[0].key)).one()
+    return message.status
+
+
+def test_every_order_of_the_same_receipts_ends_in_the_same_status(session: Session) -> None:
+    """A sent message given sent, undelivered, delivered and a duplicate of one of them, in
+    every one of the 24 orders, ends delivered; without the delivered one, undelivered; and
+    only one row is stored per event."""
+    for with_delivered in (True, False):
+        for n, order in enumerate(itertools.permutations(range(4))):
+            key = f"perm-{with_delivered}-{n}"
+            add(session, key, "sent")
+            final = event(key, "delivered" if with_delivered else "undelivered", f"f-{key}")
+            pool = [event(key, "sent"), event(key, "undelivered"), final, final]
+            assert recorded(session, [pool[i] for i in order]) == (
+                "delivered" if with_delivered else "undelivered"
+            ), order
+            stored = session.scalar(
+                select(func.count()).select_from(Receipt).join(Message).where(Message.key == key)
+            )
+            assert stored == 3
+
+
+def test_nothing_moves_a_message_backwards(session: Session) -> None:
+    """A late sent or undelivered after delivered changes nothing, and is kept in the log."""
+    add(session, "back", "sent")
+    status = recorded(
+        session, [event("back", "delivered"), event("back", "sent"), event("back", "undelivered")]
+    )
+    assert status == "delivered"
+    effects = session.scalars(select(Receipt.effect).order_by(Receipt.id)).all()
+    assert effects == ["moved", "kept", "kept"]
+
+
+def test_a_delivered_receipt_resolves_an_unknown_message(session: Session) -> None:
+    """An unknown message (its answer was lost) that the provider reports delivered is
+    delivered, its lookup flag cleared; a message a receipt cannot move stays put."""
+    add(session, "unk", "unknown", needs_lookup=True)
+    add(session, "gone", "cancelled")
+    assert recorded(session, [event("unk", "delivered")]) == "delivered"
+    assert session.scalars(select(Message).where(Message.key == "unk")).one().needs_lookup is False
+    assert recorded(session, [event("gone", "delivered")]) == "cancelled"
+
+
+def test_a_receipt_before_the_workers_sent_waits_for_the_sweeper(
+    session: Session, db_url: str
+) -> None:
+    """A final receipt for a message still sending is stored as waiting; once the message is
+    sent, a sweeper pass applies it."""
+    message = add(session, "early", "sending")
+    assert recorded(session, [event("early", "delivered")]) == "sending"
+    assert session.scalars(select(Receipt.effect)).one() == Effect.WAITING
+    engine = make_engine(db_url)
+    assert sweep(engine).receipts == 0  # still sending: it keeps waiting
+    session.get(Message, message.id).status = "sent"  # type: ignore[union-attr]  # as a worker
+    session.commit()
+    assert sweep(engine).receipts == 1
+    session.expire_all()
+    assert session.get(Message, message.id).status == "delivered"  # type: ignore[union-attr]
+    assert session.scalars(select(Receipt.effect)).one() == Effect.MOVED
+    engine.dispose()
+
+
+# The receiver, through httpx's WSGI transport.
+
+
+@pytest.fixture
+def receiver(db_url: str) -> Iterator[httpx.Client]:
+    engine = make_engine(db_url)
+    app = Receiver(engine, {"stub": Verifier("providers.stub.receipt_secret_env", SECRET)})
+    with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://r") as client:
+        yield client
+    engine.dispose()
+
+
+def signed(body: bytes, event_id: str | None = None, signer: Webhook = SIGNER) -> dict[str, str]:
+    event_id = event_id or f"evt_{uuid.uuid4().hex}"
+    now = dt.datetime.now(dt.UTC)
+    return {
+        "content-type": "application/json",
+        "webhook-id": event_id,
+        "webhook-timestamp": str(int(now.timestamp())),
+        "webhook-signature": signer.sign(event_id, now, body),
+    }
+
+
+def body(key: str, status: str = "delivered", **extra: object) -> bytes:
+    fields = {"id": "msg_1", "idempotency_key": key, "status": status, "code": None}
+    fields["at"] = "2026-12-06T03:00:00.123Z"
+    return json.dumps({**fields, **extra}).encode()
+
+
+def stored(session: Session) -> int:
+    return session.scalar(select(func.count()).select_from(Receipt)) or 0
+
+
+def test_a_signed_receipt_is_stored_and_moves_its_message(
+    receiver: httpx.Client, session: Session
+) -> None:
+    """200 once stored; the same event again is 200 and stores nothing more."""
+    add(session, "r-1", "sent")
+    data = body("r-1")
+    headers = signed(data)
+    for _ in range(2):
+        answer = receiver.post("/receipts/stub", content=data, headers=headers)
+        assert answer.status_code == 200, answer.text
+    assert stored(session) == 1
+    session.expire_all()
+    assert session.scalars(select(Message.status)).one() == Status.DELIVERED
+
+
+@pytest.mark.parametrize(
+    "change",
+    ["no signature", "wrong secret", "other body", "old timestamp", "no id"],
+)
+def test_a_bad_signature_is_403_and_writes_nothing(
+    receiver: httpx.Client, session: Session, change: str
+) -> None:
+    """A missing, wrong, replayed-with-another-body or stale signature is refused."""
+    add(session, "r-2", "sent")
+    data = body("r-2")
+    headers = signed(data)
+    if change == "no signature":
+        del headers["webhook-signature"]
+    elif change == "wrong secret":
+        headers = signed(data, signer=Webhook("whsec_" + "QUJDREVGR0hJSktMTU5PUFFSU1RVVldY"))
+    elif change == "other body":
+        data = body("r-2", "undelivered")
+    elif change == "old timestamp":
+        then = dt.datetime.now(dt.UTC) - dt.timedelta(minutes=10)
+        headers["webhook-timestamp"] = str(int(then.timestamp()))
+        headers["webhook-signature"] = SIGNER.sign(headers["webhook-id"], then, data)
+    else:
+        del headers["webhook-id"]
+    answer = receiver.post("/receipts/stub", content=data, headers=headers)
+    assert answer.status_code == 403, answer.text
+    assert stored(session) == 0
+
+
+def test_a_large_body_is_413_before_it_is_read(receiver: httpx.Client, session: Session) -> None:
+    """A body over MAX_BODY is refused by its length."""
+    add(session, "r-3", "sent")
+    data = body("r-3", note="x" * MAX_BODY)
+    answer = receiver.post("/receipts/stub", content=data, headers=signed(data))
+    assert answer.status_code == 413
+    assert stored(session) == 0
+
+
+@pytest.mark.parametrize(
+    ("fields", "field"),
+    [
+        ({"status": "lost"}, "status"),
+        ({"idempotency_key": 42}, "idempotency_key"),
+        ({"at": "yesterday"}, "at"),
+        ({"code": ["x"]}, "code"),
+    ],
+)
+def test_a_malformed_receipt_is_400_naming_the_field(
+    receiver: httpx.Client, session: Session, fields: dict[str, object], field: str
+) -> None:
+    """A signed receipt with a bad field is refused, naming it, and nothing is written."""
+    add(session, "r-4", "sent")
+    data = body("r-4", **fields)
+    answer = receiver.post("/receipts/stub", content=data, headers=signed(data))
+    assert answer.status_code == 400 and answer.json()["field"] == field, answer.text
+    assert stored(session) == 0
+
+
+def test_a_receipt_for_a_message_we_do_not_know_is_200_and_not_stored(
+    receiver: httpx.Client, session: Session
+) -> None:
+    """The provider stops retrying; nothing is written."""
+    data = body("nobody")
+    assert receiver.post("/receipts/stub", content=data, headers=signed(data)).status_code == 200
+    assert stored(session) == 0
+
+
+def test_other_paths_and_methods(receiver: httpx.Client) -> None:
+    """A provider without receipts is 404; anything but a POST is 405."""
+    assert receiver.post("/receipts/twilio", content=b"{}").status_code == 404
+    assert receiver.get("/receipts/stub").status_code == 405
+
+
+def test_a_database_that_does_not_answer_is_503_with_retry_after() -> None:
+    """With the database unreachable the receiver answers 503 at once, asking for a retry."""
+    engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
+    app = Receiver(engine, {"stub": Verifier("providers.stub.receipt_secret_env", SECRET)})
+    data = body("r-5")
+    with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://r") as client:
+        answer = client.post("/receipts/stub", content=data, headers=signed(data))
+    assert answer.status_code == 503
+    assert answer.headers["retry-after"] == "5"
+
+
+def test_the_receiver_refuses_to_start_broken(db_url: str) -> None:
+    """No provider with receipts, or a secret unset or not a whsec_ secret: a ConfigError
+    naming the key."""
+    stub: dict[str, str] = {"kind": "http", "base_url": "http://h"}
+    urls = {"database_url": db_url, "broker_url": "redis://127.0.0.1:6379/0", "redis_url": None}
+    with pytest.raises(ConfigError) as caught:
+        make_receiver(settings_from_mapping({"providers": {"stub": stub}}, **urls), {})
+    assert caught.value.key == "providers"
+    stub["receipt_secret_env"] = "STUB_RECEIPTS"
+    settings = settings_from_mapping({"providers": {"stub": stub}}, **urls)
+    with pytest.raises(ConfigError) as caught:
+        make_receiver(settings, {})
+    assert caught.value.key == "providers.stub.receipt_secret_env"
+    with pytest.raises(ConfigError) as caught:
+        make_receiver(settings, {"STUB_RECEIPTS": "whsec_%%%"})
+    assert caught.value.key == "providers.stub.receipt_secret_env"
+    assert make_receiver(settings, {"STUB_RECEIPTS": SECRET}).checks.keys() == {"stub"}
+
+
+def test_a_receipt_that_resolves_an_unknown_message_is_audited(
+    receiver: httpx.Client, session: Session
+) -> None:
+    """The audit names the receipt as the actor of the resolve."""
+    add(session, "r-6", "unknown")
+    data = body("r-6")
+    assert receiver.post("/receipts/stub", content=data, headers=signed(data)).status_code == 200
+    entry = session.scalars(select(AuditEntry)).one()
+    assert (entry.actor, entry.action, entry.from_status, entry.to_status) == (
+        "receipt:stub",
+        "resolve",
+        "unknown",
+        "delivered",
+    )
