@@ -4,6 +4,7 @@ made by the ``standardwebhooks`` library, as a provider would make them."""
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import itertools
 import json
@@ -267,3 +268,50 @@ def test_a_receipt_that_resolves_an_unknown_message_is_audited(
         "unknown",
         "delivered",
     )
+
+
+def test_show_and_the_console_page_list_the_receipts(session: Session, db_url: str) -> None:
+    """``delivery show`` (table and JSON) and the console's message page show each receipt
+    of the message in its timeline, with what it did."""
+    from click.testing import CliRunner
+    from flask import Flask
+
+    from delivery.cli import main
+    from delivery.config.loading import load_settings
+    from delivery.console import parse_users
+    from delivery.console.app import create_app
+
+    add(session, "seen", "sent")
+    recorded(session, [event("seen", "delivered", "evt_one"), event("seen", "sent", "evt_two")])
+    shown = CliRunner().invoke(main, ["show", "seen", "--json"])
+    assert shown.exit_code == 0, shown.output
+    found = [(r["event"], r["status"], r["effect"]) for r in json.loads(shown.output)["receipts"]]
+    assert found == [("evt_one", "delivered", "moved"), ("evt_two", "sent", "kept")]
+    table = CliRunner().invoke(main, ["show", "seen"], terminal_width=200).output
+    assert "receipt delivered" in table and "evt_one" in table
+    users = parse_users({"DELIVERY_CONSOLE_AUTH": "ann:correct-horse-battery"})
+    app: Flask = create_app(settings=load_settings(), users=users)
+    auth = "Basic " + base64.b64encode(b"ann:correct-horse-battery").decode()
+    page = app.test_client().get("/messages/seen", headers={"Authorization": auth})
+    text_ = page.get_data(as_text=True)
+    assert page.status_code == 200
+    assert 'class="receipt"' in text_ and "evt_one" in text_ and "evt_two" in text_
+
+
+def test_the_receiver_counts_what_it_stored_and_refused(
+    receiver: httpx.Client, session: Session
+) -> None:
+    """``GET /metrics``: stored receipts by provider and status (a repeated event once), and
+    the answers that stored nothing by answer."""
+    add(session, "m-1", "sent")
+    data = body("m-1")
+    headers = signed(data)
+    for _ in range(2):
+        receiver.post("/receipts/stub", content=data, headers=headers)
+    receiver.post("/receipts/stub", content=data)  # no signature
+    unknown = body("nobody")
+    receiver.post("/receipts/stub", content=unknown, headers=signed(unknown))
+    text_ = receiver.get("/metrics").text
+    assert 'delivery_receipts_total{provider="stub",status="delivered"} 1.0' in text_
+    assert 'delivery_receipts_refused_total{answer="403",provider="stub"} 1.0' in text_
+    assert 'delivery_receipts_refused_total{answer="unknown",provider="stub"} 1.0' in text_

@@ -105,7 +105,7 @@ def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]
     )
     table.title = "timeline"
     for event in events:
-        attempt, action = event.attempt, event.audit
+        attempt, action, receipt = event.attempt, event.audit, event.receipt
         if attempt is not None:
             latency = None if attempt.latency_ms is None else f"{attempt.latency_ms:.0f}"
             table.add_row(
@@ -118,6 +118,18 @@ def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]
                 cell(attempt.error_code),
                 cell(latency),
                 cell(errors.get(attempt.id)),
+            )
+        elif receipt is not None:
+            table.add_row(
+                cell(None),
+                cell(event.round),
+                cell(receipt.received_at),
+                cell(f"receipt {receipt.status}"),
+                cell(receipt.effect),
+                cell(None),
+                cell(receipt.code),
+                cell(None),
+                cell(f"{receipt.event}, provider's time {receipt.provider_at or '-'}"),
             )
         elif action is not None:
             moved = f"{action.from_status} -> {action.to_status}" if action.from_status else None
@@ -145,7 +157,9 @@ def show(ref: str, as_json: bool, reveal: bool) -> None:
             ops.reveal(session, ref, actor=ops.cli_actor())
             session.commit()
         events = ops.timeline(session, message, attempts)
+        receipts = [ops.receipt_dict(r) for r in ops.receipts(session, message)]
     data = ops.message_dict(message, attempts, reveal=reveal)
+    data["receipts"] = receipts
     if as_json:
         echo_json(data)
         return
@@ -153,7 +167,7 @@ def show(ref: str, as_json: bool, reveal: bool) -> None:
     grid.add_column(style="bold")
     grid.add_column(overflow="fold")
     for name, value in data.items():
-        if name == "attempts":
+        if name in ("attempts", "receipts"):
             continue
         if name == "payload" and reveal:
             value = json.dumps(value, ensure_ascii=False)

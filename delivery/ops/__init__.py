@@ -10,7 +10,7 @@ call these). Every function takes a SQLAlchemy ``Session`` and never commits: th
 - ``audit``: one row per operator action (repairs, reveals, breaker resets) with its actor.
 - ``search``: the console's message search (keyset pages on indexed columns).
 - ``series``: per-minute counts, error rates and latency percentiles for charts.
-- ``timeline``: a message's attempts and the actions on it, in time order.
+- ``timeline``: a message's attempts, the actions on it and its receipts, in time order.
 - ``breakers``: each provider's breaker as a row, and an audited reset.
 
 May import: ``delivery.errors``, ``delivery.core`` (models, status), ``delivery.outbox``
@@ -38,6 +38,7 @@ from delivery.ops.inspect import (
     message_dict,
     oldest_pending_age,
     rates,
+    receipt_dict,
     relay_lag,
     show,
     stats,
@@ -57,7 +58,7 @@ from delivery.ops.repair import (
 )
 from delivery.ops.search import MessageFilter, Page, matching_ids, parse_filter, search
 from delivery.ops.series import Series, series
-from delivery.ops.timeline import Event, timeline
+from delivery.ops.timeline import Event, receipts, timeline
 
 __all__ = [
     "DEFAULT_ACTOR",
@@ -87,6 +88,8 @@ __all__ = [
     "prune_audit_batch",
     "prune_batch",
     "rates",
+    "receipt_dict",
+    "receipts",
     "record",
     "redrive",
     "redrive_ids",

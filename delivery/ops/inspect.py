@@ -15,7 +15,7 @@ from sqlalchemy import Select, func, or_, select
 from sqlalchemy.orm import Session
 
 from delivery.core import bounds
-from delivery.core.models import Attempt, Message, utcnow
+from delivery.core.models import Attempt, Message, Receipt, utcnow
 from delivery.core.status import Status
 from delivery.errors import MessageNotFound
 from delivery.observability.events import mask
@@ -29,6 +29,7 @@ __all__ = [
     "message_dict",
     "oldest_pending_age",
     "rates",
+    "receipt_dict",
     "relay_lag",
     "show",
     "stats",
@@ -191,6 +192,19 @@ def attempt_dict(attempt: Attempt, *, recipient: str | None = None) -> dict[str,
         "error_code": attempt.error_code,
         "error": attempt.error if recipient is None else _masked(attempt.error, recipient),
         "latency_ms": attempt.latency_ms,
+    }
+
+
+def receipt_dict(receipt: Receipt) -> dict[str, Any]:
+    """A JSON-ready dict of one delivery receipt (it holds no recipient)."""
+    return {
+        "id": receipt.id,
+        "event": receipt.event,
+        "status": receipt.status,
+        "code": receipt.code,
+        "provider_at": _iso(receipt.provider_at),
+        "received_at": _iso(receipt.received_at),
+        "effect": receipt.effect,
     }
 
 

@@ -13,6 +13,9 @@ together (``delivery.transitions.receipts.record``) before the answer. The answe
 - 413: a body over ``MAX_BODY`` bytes, refused before it is read;
 - 503 with ``Retry-After``: the database did not answer (down, or slower than its short
   timeouts): the provider retries later, and no receipt is acknowledged and lost.
+
+``GET /metrics`` serves its counters for Prometheus: ``delivery_receipts_total{provider,
+status}`` (stored, duplicates aside) and ``delivery_receipts_refused_total{provider,answer}``.
 """
 
 from __future__ import annotations
@@ -21,8 +24,10 @@ import json
 import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, cast
 
+from prometheus_client import CollectorRegistry, Counter, make_wsgi_app
 from sqlalchemy import Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -88,38 +93,70 @@ def make_receiver(settings: Settings, environ: Mapping[str, str] | None = None) 
     return Receiver(engine, checks)
 
 
+@dataclass(frozen=True, slots=True)
+class _Answer:
+    """One answer: its HTTP status line, JSON body and extra headers; ``counted``: the label
+    it adds to ``delivery_receipts_refused_total`` (None: a receipt stored, or not counted)."""
+
+    status: str
+    body: dict[str, Any]
+    headers: tuple[tuple[str, str], ...] = ()
+    counted: str | None = None
+
+
+def _refused(status: str, error: str, *headers: tuple[str, str]) -> _Answer:
+    return _Answer(status, {"error": error}, headers, status.split()[0])
+
+
 class Receiver:
     """The WSGI app: receipts of the providers in ``checks`` into ``engine``'s outbox."""
 
     def __init__(self, engine: Engine, checks: Mapping[str, Verifier]) -> None:
         self.engine, self.checks = engine, dict(checks)
+        self.registry = CollectorRegistry()
+        self.stored = Counter(
+            "delivery_receipts",
+            "Delivery receipts stored (a repeated event once)",
+            ["provider", "status"],
+            registry=self.registry,
+        )
+        self.refused = Counter(
+            "delivery_receipts_refused",
+            "Receipts answered but not stored, by answer (unknown: no such message)",
+            ["provider", "answer"],
+            registry=self.registry,
+        )
+        self._metrics = make_wsgi_app(self.registry)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
-        status, body, headers = self._answer(environ)
-        payload = json.dumps(body).encode()
+        path = environ.get("PATH_INFO", "")
+        if path == "/metrics" and environ.get("REQUEST_METHOD") == "GET":
+            return cast(Iterable[bytes], self._metrics(environ, start_response))
+        provider = path[len(_PREFIX) :] if path.startswith(_PREFIX) else ""
+        if provider in self.checks:
+            answer = self._answer(provider, environ)
+            if answer.counted is not None:
+                self.refused.labels(provider, answer.counted).inc()
+        else:
+            answer = _Answer("404 Not Found", {"error": "no receipts for this path"})
+        payload = json.dumps(answer.body).encode()
+        length = ("Content-Length", str(len(payload)))
         start_response(
-            status,
-            [
-                ("Content-Type", "application/json"),
-                ("Content-Length", str(len(payload))),
-                *headers,
-            ],
+            answer.status, [("Content-Type", "application/json"), length, *answer.headers]
         )
         return [payload]
 
-    def _answer(self, environ: dict[str, Any]) -> tuple[str, dict[str, Any], list[tuple[str, str]]]:
-        path = environ.get("PATH_INFO", "")
-        provider = path[len(_PREFIX) :] if path.startswith(_PREFIX) else ""
-        if provider not in self.checks:
-            return "404 Not Found", {"error": "no receipts for this path"}, []
+    def _answer(self, provider: str, environ: dict[str, Any]) -> _Answer:
         if environ.get("REQUEST_METHOD") != "POST":
-            return "405 Method Not Allowed", {"error": "POST a receipt"}, [("Allow", "POST")]
+            return _Answer(
+                "405 Method Not Allowed", {"error": "POST a receipt"}, (("Allow", "POST"),)
+            )
         try:
             length = int(environ.get("CONTENT_LENGTH") or 0)
         except ValueError:
             length = -1
         if not 0 <= length <= MAX_BODY:
-            return "413 Content Too Large", {"error": f"a receipt is at most {MAX_BODY} bytes"}, []
+            return _refused("413 Content Too Large", f"a receipt is at most {MAX_BODY} bytes")
         body = environ["wsgi.input"].read(length)
         headers = {
             name[5:].replace("_", "-").lower(): value
@@ -131,26 +168,26 @@ class Receiver:
             receipt = read(provider, body, headers)
         except SignatureRefused:
             log.warning("receipt for %s refused: bad or missing signature", provider)
-            return "403 Forbidden", {"error": "bad or missing signature"}, []
+            return _refused("403 Forbidden", "bad or missing signature")
         except InvalidReceipt as exc:
-            return "400 Bad Request", {"error": str(exc), "field": exc.field}, []
+            answer = _refused("400 Bad Request", str(exc))
+            return _Answer(answer.status, {**answer.body, "field": exc.field}, (), answer.counted)
         try:
             known = self._store(receipt)
         except SQLAlchemyError as exc:
-            log.warning(
-                "receipt %s of %s not stored: %s", receipt.event, provider, type(exc).__name__
-            )
-            retry = [("Retry-After", str(RETRY_AFTER))]
-            return "503 Service Unavailable", {"error": "not stored, try again later"}, retry
+            problem = type(exc).__name__
+            log.warning("receipt %s of %s not stored: %s", receipt.event, provider, problem)
+            retry = ("Retry-After", str(RETRY_AFTER))
+            return _refused("503 Service Unavailable", "not stored, try again later", retry)
         if not known:
-            ref = _ref(body)
             log.info(
                 "receipt %s of %s for a message we do not know (ref %s)",
                 receipt.event,
                 provider,
-                ref,
+                _ref(body),
             )
-        return "200 OK", {"ok": True}, []
+            return _Answer("200 OK", {"ok": True}, (), "unknown")
+        return _Answer("200 OK", {"ok": True})
 
     def _store(self, receipt: ReceiptEvent) -> bool:
         """Store ``receipt`` and make its move; False if no message has its key. A receipt
@@ -169,6 +206,7 @@ class Receiver:
                     detail=f"receipt {receipt.event}",
                 )
         if done.effect is not None:
+            self.stored.labels(receipt.provider, receipt.status).inc()
             log.info(
                 "receipt %s of %s for %s: %s (%s)",
                 receipt.event,
