@@ -209,7 +209,17 @@ ROOMS: dict[str, set[str]] = {
     },
     "ops": {"config", "core", "errors", "guards", "observability", "outbox", "transitions"},
     "console": {"config", "core", "errors", "guards", "ops", "providers", "runtime"},
-    "contrib": {"config", "core", "errors", "observability", "ops", "outbox", "relay", "runtime"},
+    "contrib": {
+        "config",
+        "core",
+        "errors",
+        "observability",
+        "ops",
+        "outbox",
+        "receipts",
+        "relay",
+        "runtime",
+    },
     "testing": {"config", "core", "outbox", "runtime"},
     "receipts": {"config", "core", "errors", "ops", "runtime", "transitions"},
     "cli": {

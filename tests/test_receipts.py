@@ -8,8 +8,12 @@ import base64
 import datetime as dt
 import itertools
 import json
+import os
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
 import httpx
 import pytest
@@ -315,3 +319,96 @@ def test_the_receiver_counts_what_it_stored_and_refused(
     assert 'delivery_receipts_total{provider="stub",status="delivered"} 1.0' in text_
     assert 'delivery_receipts_refused_total{answer="403",provider="stub"} 1.0' in text_
     assert 'delivery_receipts_refused_total{answer="unknown",provider="stub"} 1.0' in text_
+
+
+def test_the_flask_blueprint_receives_receipts(
+    session: Session, db_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``Delivery(app).receipts_blueprint()`` registered under a prefix stores a signed
+    receipt; the blueprint refuses to be built without a provider's secret."""
+    from flask import Flask
+
+    import delivery
+    from delivery.contrib.flask import Delivery
+
+    before = delivery.get_settings()
+    app = Flask("receipts-test")
+    app.config.update(
+        DELIVERY_DATABASE_URL=db_url,
+        DELIVERY_NUDGE=False,
+        DELIVERY_OPTIONS={
+            "providers": {
+                "stub": {"kind": "http", "base_url": "http://h", "receipt_secret_env": "RCPT"}
+            }
+        },
+    )
+    try:
+        ext = Delivery(app)
+        with pytest.raises(ConfigError) as caught:
+            ext.receipts_blueprint()
+        assert caught.value.key == "providers.stub.receipt_secret_env"
+        monkeypatch.setenv("RCPT", SECRET)
+        app.register_blueprint(ext.receipts_blueprint(), url_prefix="/hooks")
+        add(session, "f-1", "sent")
+        data = body("f-1")
+        client = app.test_client()
+        answer = client.post("/hooks/receipts/stub", data=data, headers=signed(data))
+        assert answer.status_code == 200, answer.get_data(as_text=True)
+        forged = client.post("/hooks/receipts/stub", data=data)
+        assert forged.status_code == 403
+    finally:
+        delivery.configure(before)
+    session.expire_all()
+    assert session.scalars(select(Message.status)).one() == Status.DELIVERED
+
+
+DJANGO = """
+import django, json, sys
+from django.conf import settings
+settings.configure(
+    ROOT_URLCONF="urls", ALLOWED_HOSTS=["testserver"], SECRET_KEY="x",
+    INSTALLED_APPS=["delivery.contrib.django"],
+    DATABASES={"default": {"ENGINE": "django.db.backends.sqlite3", "NAME": ":memory:"}},
+)
+sys.modules["urls"] = type(sys)("urls")
+django.setup()
+from django.urls import include, path
+sys.modules["urls"].urlpatterns = [path("hooks/", include("delivery.contrib.django.urls"))]
+from django.test import Client
+body, headers = json.loads(sys.stdin.read())
+answer = Client().post(
+    "/hooks/receipts/stub", data=body.encode(), content_type="application/json",
+    headers={k: v for k, v in headers.items() if k != "content-type"},
+)
+print(answer.status_code, answer.content.decode())
+"""
+
+
+def test_the_django_urls_receive_receipts(session: Session, db_url: str, tmp_path: Path) -> None:
+    """``include("delivery.contrib.django.urls")`` in a Django project stores a signed receipt
+    (and refuses a forged one) on the configured outbox; CSRF does not stand in the way."""
+    config = tmp_path / "receipts.toml"
+    config.write_text(
+        '[providers.stub]\nkind = "http"\nbase_url = "http://h"\nreceipt_secret_env = "RCPT"\n'
+    )
+    env = {
+        **os.environ,
+        "DELIVERY_DATABASE_URL": db_url,
+        "DELIVERY_CONFIG": str(config),
+        "DELIVERY_NUDGE": "false",
+        "RCPT": SECRET,
+    }
+    add(session, "d-1", "sent")
+    data = body("d-1")
+    for headers, expected in ((signed(data), "200"), ({}, "403")):
+        done = subprocess.run(
+            [sys.executable, "-c", DJANGO],
+            input=json.dumps([data.decode(), headers]),
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.stdout.startswith(expected), done.stdout + done.stderr
+    session.expire_all()
+    assert session.scalars(select(Message.status)).one() == Status.DELIVERED

@@ -4,7 +4,8 @@ It reads the ``DELIVERY_*`` keys from ``app.config``, then the environment
 (``delivery.contrib.settings``; without a database URL the outbox is the app's own
 ``SQLALCHEMY_DATABASE_URI``), makes them this process's settings (``delivery.configure``), and
 installs the post-commit nudge unless ``DELIVERY_NUDGE`` is false; Flask-SQLAlchemy's session
-then passes straight to ``delivery.enqueue``. An example:
+then passes straight to ``delivery.enqueue``. ``receipts_blueprint()`` mounts the delivery
+receipt receiver (``delivery.receipts``) in the app. An example:
 [docs/integrations.md](../../docs/integrations.md#flask).
 """
 
@@ -13,7 +14,8 @@ from __future__ import annotations
 from typing import Any
 
 try:
-    from flask import Flask
+    from flask import Blueprint, Flask, request
+    from flask.typing import ResponseReturnValue
 except ImportError as exc:  # pragma: no cover - exercised in a subprocess by the tests
     raise ImportError(
         "delivery.contrib.flask needs Flask and Flask-SQLAlchemy: "
@@ -23,6 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 from delivery.config.settings import Settings
 from delivery.contrib.nudge import install_nudge
 from delivery.contrib.settings import settings_from_config
+from delivery.receipts import make_receiver
 from delivery.runtime.current import configure
 
 __all__ = ["Delivery"]
@@ -48,3 +51,27 @@ class Delivery:
         app.extensions["delivery"] = self
         if app.config.get("DELIVERY_NUDGE", True):
             install_nudge()
+
+    def receipts_blueprint(self) -> Blueprint:
+        """The receipt receiver as a blueprint: ``POST /receipts/<provider>`` under the prefix
+        you register it at, on this app's outbox. Built here, so that a provider's missing
+        secret or an outbox not migrated fails at start-up (``ConfigError``), not at the first
+        receipt. Call ``init_app`` first."""
+        if self.settings is None:
+            raise RuntimeError("Delivery.receipts_blueprint() needs init_app(app) first")
+        receiver = make_receiver(self.settings)
+        blueprint = Blueprint("delivery_receipts", __name__)
+
+        @blueprint.post("/receipts/<provider>")
+        def receive(provider: str) -> ResponseReturnValue:
+            length = request.content_length
+            answer = receiver.respond(
+                provider,
+                request.method,
+                -1 if length is None else length,
+                request.stream,
+                {name.lower(): value for name, value in request.headers.items()},
+            )
+            return answer.body, answer.code, list(answer.headers)
+
+        return blueprint

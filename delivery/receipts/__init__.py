@@ -14,6 +14,6 @@ audit of a receipt that resolves an ``unknown`` message), ``delivery.runtime`` a
 ``delivery.transitions``.
 """
 
-from delivery.receipts.receiver import MAX_BODY, Receiver, make_receiver
+from delivery.receipts.receiver import MAX_BODY, Answer, Receiver, make_receiver
 
-__all__ = ["MAX_BODY", "Receiver", "make_receiver"]
+__all__ = ["MAX_BODY", "Answer", "Receiver", "make_receiver"]

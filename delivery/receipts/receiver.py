@@ -1,6 +1,7 @@
 """The receipt receiver: a WSGI app for ``POST /receipts/{provider}`` (docs/operations.md,
-"The receipt receiver"). It has no framework: ``delivery receiver`` serves it with waitress,
-and it mounts under any prefix of a Flask or Django app (it reads ``PATH_INFO``).
+"The receipt receiver"). It has no framework: ``delivery receiver`` serves it with waitress;
+``respond`` is its one answer to a request, which the Flask blueprint and the Django view of
+``delivery.contrib`` call too.
 
 A receipt is acknowledged (200) only once it is stored: its row and its message's move commit
 together (``delivery.transitions.receipts.record``) before the answer. The answers:
@@ -10,7 +11,7 @@ together (``delivery.transitions.receipts.record``) before the answer. The answe
 - 400: a malformed receipt, naming the field; 403: a missing or wrong signature; nothing is
   written for either;
 - 404: not a provider with receipts (``receipt_secret_env``); 405: not a POST;
-- 413: a body over ``MAX_BODY`` bytes, refused before it is read;
+- 411 / 413: a body without a length / over ``MAX_BODY`` bytes, refused before it is read;
 - 503 with ``Retry-After``: the database did not answer (down, or slower than its short
   timeouts): the provider retries later, and no receipt is acknowledged and lost.
 
@@ -25,7 +26,7 @@ import logging
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import IO, Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, make_wsgi_app
 from sqlalchemy import Engine, make_url
@@ -42,7 +43,7 @@ from delivery.receipts.protocol import SignatureRefused, Verifier, read
 from delivery.runtime.db import check_outbox, make_engine
 from delivery.transitions.receipts import ReceiptEvent, record
 
-__all__ = ["MAX_BODY", "RETRY_AFTER", "Receiver", "make_receiver", "verifiers"]
+__all__ = ["MAX_BODY", "RETRY_AFTER", "Answer", "Receiver", "make_receiver", "verifiers"]
 
 log = logging.getLogger("delivery.receipts")
 
@@ -94,7 +95,7 @@ def make_receiver(settings: Settings, environ: Mapping[str, str] | None = None) 
 
 
 @dataclass(frozen=True, slots=True)
-class _Answer:
+class Answer:
     """One answer: its HTTP status line, JSON body and extra headers; ``counted``: the label
     it adds to ``delivery_receipts_refused_total`` (None: a receipt stored, or not counted)."""
 
@@ -103,9 +104,14 @@ class _Answer:
     headers: tuple[tuple[str, str], ...] = ()
     counted: str | None = None
 
+    @property
+    def code(self) -> int:
+        """The HTTP status code (``status`` without its reason)."""
+        return int(self.status.split()[0])
 
-def _refused(status: str, error: str, *headers: tuple[str, str]) -> _Answer:
-    return _Answer(status, {"error": error}, headers, status.split()[0])
+
+def _refused(status: str, error: str, *headers: tuple[str, str]) -> Answer:
+    return Answer(status, {"error": error}, headers, status.split()[0])  # the code, as a label
 
 
 class Receiver:
@@ -130,39 +136,48 @@ class Receiver:
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
-        if path == "/metrics" and environ.get("REQUEST_METHOD") == "GET":
+        method = environ.get("REQUEST_METHOD", "")
+        if path == "/metrics" and method == "GET":
             return cast(Iterable[bytes], self._metrics(environ, start_response))
-        provider = path[len(_PREFIX) :] if path.startswith(_PREFIX) else ""
-        if provider in self.checks:
-            answer = self._answer(provider, environ)
-            if answer.counted is not None:
-                self.refused.labels(provider, answer.counted).inc()
-        else:
-            answer = _Answer("404 Not Found", {"error": "no receipts for this path"})
-        payload = json.dumps(answer.body).encode()
-        length = ("Content-Length", str(len(payload)))
-        start_response(
-            answer.status, [("Content-Type", "application/json"), length, *answer.headers]
-        )
-        return [payload]
-
-    def _answer(self, provider: str, environ: dict[str, Any]) -> _Answer:
-        if environ.get("REQUEST_METHOD") != "POST":
-            return _Answer(
-                "405 Method Not Allowed", {"error": "POST a receipt"}, (("Allow", "POST"),)
-            )
-        try:
-            length = int(environ.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = -1
-        if not 0 <= length <= MAX_BODY:
-            return _refused("413 Content Too Large", f"a receipt is at most {MAX_BODY} bytes")
-        body = environ["wsgi.input"].read(length)
         headers = {
             name[5:].replace("_", "-").lower(): value
             for name, value in environ.items()
             if name.startswith("HTTP_")
         }
+        try:
+            length = int(environ.get("CONTENT_LENGTH") or -1)
+        except ValueError:
+            length = -1
+        provider = path[len(_PREFIX) :] if path.startswith(_PREFIX) else ""
+        answer = self.respond(provider, method, length, environ["wsgi.input"], headers)
+        payload = json.dumps(answer.body).encode()
+        sized = [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
+        start_response(answer.status, [*sized, *answer.headers])
+        return [payload]
+
+    def respond(
+        self, provider: str, method: str, length: int, body: IO[bytes], headers: Mapping[str, str]
+    ) -> Answer:
+        """The answer to ``method`` on ``/receipts/{provider}`` with a body of ``length`` bytes
+        to read from ``body`` (-1: unknown) and ``headers`` (names in lower case)."""
+        if provider not in self.checks:
+            return Answer("404 Not Found", {"error": "no receipts for this path"})
+        answer = self._answer(provider, method, length, body, headers)
+        if answer.counted is not None:
+            self.refused.labels(provider, answer.counted).inc()
+        return answer
+
+    def _answer(
+        self, provider: str, method: str, length: int, stream: IO[bytes], headers: Mapping[str, str]
+    ) -> Answer:
+        if method != "POST":
+            allow = (("Allow", "POST"),)
+            return Answer("405 Method Not Allowed", {"error": "POST a receipt"}, allow)
+        if length < 0:
+            return _refused("411 Length Required", "send the receipt with a Content-Length")
+        if length > MAX_BODY:
+            return _refused("413 Content Too Large", f"a receipt is at most {MAX_BODY} bytes")
+        body = stream.read(length)
         try:
             self.checks[provider].check(body, headers)
             receipt = read(provider, body, headers)
@@ -171,7 +186,7 @@ class Receiver:
             return _refused("403 Forbidden", "bad or missing signature")
         except InvalidReceipt as exc:
             answer = _refused("400 Bad Request", str(exc))
-            return _Answer(answer.status, {**answer.body, "field": exc.field}, (), answer.counted)
+            return Answer(answer.status, {**answer.body, "field": exc.field}, (), answer.counted)
         try:
             known = self._store(receipt)
         except SQLAlchemyError as exc:
@@ -186,8 +201,8 @@ class Receiver:
                 provider,
                 _ref(body),
             )
-            return _Answer("200 OK", {"ok": True}, (), "unknown")
-        return _Answer("200 OK", {"ok": True})
+            return Answer("200 OK", {"ok": True}, (), "unknown")
+        return Answer("200 OK", {"ok": True})
 
     def _store(self, receipt: ReceiptEvent) -> bool:
         """Store ``receipt`` and make its move; False if no message has its key. A receipt

@@ -5,7 +5,8 @@
 
 - ``apps``: the app's config; ``models``: unmanaged views of the outbox's tables; ``admin``:
   the read-only admin and its actions; ``outbox``: ``enqueue``; ``connection``: the outbox
-  engine on Django's own database; ``migrations``: Django's record of the unmanaged models.
+  engine on Django's own database; ``migrations``: Django's record of the unmanaged models;
+  ``urls``: the delivery receipt receiver, for ``include("delivery.contrib.django.urls")``.
 
 Only ``enqueue`` is imported here; the models load when Django loads the app. May import:
 Django, ``delivery.contrib`` and the public surface of ``delivery`` (see ``delivery.contrib``).

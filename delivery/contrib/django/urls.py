@@ -1,0 +1,44 @@
+"""The delivery receipt receiver in a Django project: ``path("hooks/",
+include("delivery.contrib.django.urls"))`` serves ``POST hooks/receipts/<provider>``
+(``delivery.receipts``; CSRF does not apply: each receipt is signed).
+
+The receiver is built when the URLconf loads, so that a provider's missing secret or an outbox
+not migrated fails at start-up (``ConfigError``). It writes through an engine of its own on
+the outbox's database, each receipt in its own committed transaction, outside any request
+transaction of Django's.
+"""
+
+from __future__ import annotations
+
+from django.http import HttpRequest, JsonResponse
+from django.urls import path
+from django.views.decorators.csrf import csrf_exempt
+
+from delivery.receipts import make_receiver
+from delivery.runtime.current import get_settings
+
+__all__ = ["receive", "urlpatterns"]
+
+_receiver = make_receiver(get_settings())
+
+
+@csrf_exempt
+def receive(request: HttpRequest, provider: str) -> JsonResponse:
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or -1)
+    except ValueError:
+        length = -1
+    answer = _receiver.respond(
+        provider,
+        request.method or "",
+        length,
+        request,  # type: ignore[arg-type]  # Django's request reads its body as a file does
+        {name.lower(): value for name, value in request.headers.items()},
+    )
+    response = JsonResponse(answer.body, status=answer.code)
+    for name, value in answer.headers:
+        response[name] = value
+    return response
+
+
+urlpatterns = [path("receipts/<str:provider>", receive, name="delivery-receipts")]
