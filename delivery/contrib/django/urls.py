@@ -2,24 +2,30 @@
 include("delivery.contrib.django.urls"))`` serves ``POST hooks/receipts/<provider>``
 (``delivery.receipts``; CSRF does not apply: each receipt is signed).
 
-The receiver is built when the URLconf loads, so that a provider's missing secret or an outbox
-not migrated fails at start-up (``ConfigError``). It writes through an engine of its own on
-the outbox's database, each receipt in its own committed transaction, outside any request
-transaction of Django's.
+The receiver is built at the first receipt (importing this module connects to nothing): a
+provider's missing secret or an outbox not migrated then fails that request with the
+``ConfigError`` naming the setting, logged by Django, and every request after it until fixed.
+It writes through an engine of its own on the outbox's database, each receipt in its own
+committed transaction, outside any request transaction of Django's.
 """
 
 from __future__ import annotations
+
+import functools
 
 from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
-from delivery.receipts import make_receiver
+from delivery.receipts import Receiver, make_receiver
 from delivery.runtime.current import get_settings
 
 __all__ = ["receive", "urlpatterns"]
 
-_receiver = make_receiver(get_settings())
+
+@functools.cache
+def _receiver() -> Receiver:
+    return make_receiver(get_settings())
 
 
 @csrf_exempt
@@ -28,7 +34,7 @@ def receive(request: HttpRequest, provider: str) -> JsonResponse:
         length = int(request.META.get("CONTENT_LENGTH") or -1)
     except ValueError:
         length = -1
-    answer = _receiver.respond(
+    answer = _receiver().respond(
         provider,
         request.method or "",
         length,
