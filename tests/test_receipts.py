@@ -26,7 +26,7 @@ from delivery.core.models import AuditEntry, Message, Receipt
 from delivery.core.status import Status
 from delivery.errors import ConfigError
 from delivery.receipts import MAX_BODY, Receiver, make_receiver
-from delivery.receipts.protocol import Verifier
+from delivery.receipts.standard import StandardReceipts
 from delivery.relay.sweeper import sweep
 from delivery.runtime.db import make_engine
 from delivery.transitions.receipts import Effect, ReceiptEvent, record
@@ -34,6 +34,7 @@ from tests.factories import add
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SIGNER = Webhook(SECRET)
+STANDARD = StandardReceipts("stub", "providers.stub.receipt_secret_env", SECRET)
 
 
 def event(key: str, status: str, name: str | None = None) -> ReceiptEvent:
@@ -114,7 +115,9 @@ def test_a_receipt_before_the_workers_sent_waits_for_the_sweeper(
 @pytest.fixture
 def receiver(db_url: str) -> Iterator[httpx.Client]:
     engine = make_engine(db_url)
-    app = Receiver(engine, {"stub": Verifier("providers.stub.receipt_secret_env", SECRET)})
+    app = Receiver(
+        engine, {"stub": StandardReceipts("stub", "providers.stub.receipt_secret_env", SECRET)}
+    )
     with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://r") as client:
         yield client
     engine.dispose()
@@ -231,7 +234,9 @@ def test_other_paths_and_methods(receiver: httpx.Client) -> None:
 def test_a_database_that_does_not_answer_is_503_with_retry_after() -> None:
     """With the database unreachable the receiver answers 503 at once, asking for a retry."""
     engine = create_engine("postgresql+psycopg://nobody@127.0.0.1:1/none")
-    app = Receiver(engine, {"stub": Verifier("providers.stub.receipt_secret_env", SECRET)})
+    app = Receiver(
+        engine, {"stub": StandardReceipts("stub", "providers.stub.receipt_secret_env", SECRET)}
+    )
     data = body("r-5")
     with httpx.Client(transport=httpx.WSGITransport(app=app), base_url="http://r") as client:
         answer = client.post("/receipts/stub", content=data, headers=signed(data))

@@ -25,7 +25,7 @@ except ImportError as exc:  # pragma: no cover - exercised in a subprocess by th
 from delivery.config.settings import Settings
 from delivery.contrib.nudge import install_nudge
 from delivery.contrib.settings import settings_from_config
-from delivery.receipts import make_receiver
+from delivery.receipts import Request, make_receiver
 from delivery.runtime.current import configure
 
 __all__ = ["Delivery"]
@@ -66,11 +66,14 @@ class Delivery:
         def receive(provider: str) -> ResponseReturnValue:
             length = request.content_length
             answer = receiver.respond(
-                provider,
-                request.method,
-                -1 if length is None else length,
-                request.stream,
-                {name.lower(): value for name, value in request.headers.items()},
+                Request(
+                    provider,
+                    request.method,
+                    -1 if length is None else length,
+                    request.stream,
+                    {name.lower(): value for name, value in request.headers.items()},
+                    request.query_string.decode("latin-1"),
+                )
             )
             return answer.body, answer.code, list(answer.headers)
 

@@ -1,8 +1,10 @@
 """Delivery receipts: what providers call back about a message they accepted.
 
-- ``protocol``: the reference protocol's receipts (kind ``http``): the signature check
-  (Standard Webhooks, with the ``standardwebhooks`` library) and the receipt's fields, checked
-  and bounded;
+- ``protocols``: each provider's receipt protocol, from the settings;
+- ``standard``: the reference protocol's receipts (kind ``http``): the signature check
+  (Standard Webhooks, with the ``standardwebhooks`` library) and the receipt's fields;
+- ``twilio``: Twilio's StatusCallback (kind ``twilio``) and its ``X-Twilio-Signature``;
+- ``fields``: what they share (a refused signature, a checked text field);
 - ``receiver``: the WSGI app ``POST /receipts/{provider}`` that stores each receipt before it
   answers, and sheds load with 503 when the database does not answer (``delivery receiver``
   serves it).
@@ -14,6 +16,6 @@ audit of a receipt that resolves an ``unknown`` message), ``delivery.runtime`` a
 ``delivery.transitions``.
 """
 
-from delivery.receipts.receiver import MAX_BODY, Answer, Receiver, make_receiver
+from delivery.receipts.receiver import MAX_BODY, Answer, Receiver, Request, make_receiver
 
-__all__ = ["MAX_BODY", "Answer", "Receiver", "make_receiver"]
+__all__ = ["MAX_BODY", "Answer", "Receiver", "Request", "make_receiver"]

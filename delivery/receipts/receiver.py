@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import IO, Any, cast
@@ -39,11 +38,12 @@ from delivery.core.models import Message
 from delivery.core.status import Status
 from delivery.errors import ConfigError, InvalidReceipt
 from delivery.ops.audit import record as audit
-from delivery.receipts.protocol import SignatureRefused, Verifier, read
+from delivery.receipts.fields import SignatureRefused
+from delivery.receipts.protocols import ReceiptProtocol, protocols
 from delivery.runtime.db import check_outbox, make_engine
 from delivery.transitions.receipts import ReceiptEvent, record
 
-__all__ = ["MAX_BODY", "RETRY_AFTER", "Answer", "Receiver", "make_receiver", "verifiers"]
+__all__ = ["MAX_BODY", "RETRY_AFTER", "Answer", "Receiver", "Request", "make_receiver"]
 
 log = logging.getLogger("delivery.receipts")
 
@@ -58,32 +58,17 @@ _PREFIX = "/receipts/"
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
 
 
-def verifiers(settings: Settings, environ: Mapping[str, str] | None = None) -> dict[str, Verifier]:
-    """The signature check of every provider that has receipts (``receipt_secret_env``), by
-    name; ``ConfigError`` naming the key whose variable is unset or not a secret."""
-    env = os.environ if environ is None else environ
-    found: dict[str, Verifier] = {}
-    for name, config in sorted(settings.providers.items()):
-        variable = config.options.get("receipt_secret_env")
-        if not isinstance(variable, str):
-            continue
-        setting = f"providers.{name}.receipt_secret_env"
-        secret = env.get(variable, "").strip()
-        if not secret:
-            raise ConfigError(setting, f"environment variable {variable} is unset or empty")
-        found[name] = Verifier(setting, secret)
-    return found
-
-
 def make_receiver(settings: Settings, environ: Mapping[str, str] | None = None) -> Receiver:
     """The receiver of ``settings``' outbox, refusing to be built broken: ``ConfigError`` when
     no provider has receipts, a secret is missing, or the outbox is not reachable and migrated.
     Its engine waits for the database briefly (``DB_WAIT`` s to connect, to run a statement,
     or for a pooled connection), so that a slow or stopped database is a quick 503."""
-    checks = verifiers(settings, environ)
+    checks = protocols(settings, environ)
     if not checks:
         raise ConfigError(
-            "providers", "no provider has receipt_secret_env: there are no receipts to receive"
+            "providers",
+            "no provider has receipt_secret_env (kind http) or status_callback_url (kind "
+            "twilio): there are no receipts to receive",
         )
     check_outbox(settings.database_url)
     args: dict[str, Any] = {}
@@ -110,6 +95,20 @@ class Answer:
         return int(self.status.split()[0])
 
 
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One request to ``/receipts/{provider}``, as any server hands it over: ``length`` bytes
+    to read from ``body`` (-1: no length given), ``headers`` with names in lower case, and the
+    query string as it arrived."""
+
+    provider: str
+    method: str
+    length: int
+    body: IO[bytes]
+    headers: Mapping[str, str]
+    query: str = ""
+
+
 def _refused(status: str, error: str, *headers: tuple[str, str]) -> Answer:
     return Answer(status, {"error": error}, headers, status.split()[0])  # the code, as a label
 
@@ -117,7 +116,7 @@ def _refused(status: str, error: str, *headers: tuple[str, str]) -> Answer:
 class Receiver:
     """The WSGI app: receipts of the providers in ``checks`` into ``engine``'s outbox."""
 
-    def __init__(self, engine: Engine, checks: Mapping[str, Verifier]) -> None:
+    def __init__(self, engine: Engine, checks: Mapping[str, ReceiptProtocol]) -> None:
         self.engine, self.checks = engine, dict(checks)
         self.registry = CollectorRegistry()
         self.stored = Counter(
@@ -149,38 +148,35 @@ class Receiver:
         except ValueError:
             length = -1
         provider = path[len(_PREFIX) :] if path.startswith(_PREFIX) else ""
-        answer = self.respond(provider, method, length, environ["wsgi.input"], headers)
+        query = environ.get("QUERY_STRING", "")
+        request = Request(provider, method, length, environ["wsgi.input"], headers, query)
+        answer = self.respond(request)
         payload = json.dumps(answer.body).encode()
         sized = [("Content-Type", "application/json"), ("Content-Length", str(len(payload)))]
         start_response(answer.status, [*sized, *answer.headers])
         return [payload]
 
-    def respond(
-        self, provider: str, method: str, length: int, body: IO[bytes], headers: Mapping[str, str]
-    ) -> Answer:
-        """The answer to ``method`` on ``/receipts/{provider}`` with a body of ``length`` bytes
-        to read from ``body`` (-1: unknown) and ``headers`` (names in lower case)."""
-        if provider not in self.checks:
+    def respond(self, request: Request) -> Answer:
+        """The answer to ``request``, once its receipt is stored (or why it was not)."""
+        if request.provider not in self.checks:
             return Answer("404 Not Found", {"error": "no receipts for this path"})
-        answer = self._answer(provider, method, length, body, headers)
+        answer = self._answer(request)
         if answer.counted is not None:
-            self.refused.labels(provider, answer.counted).inc()
+            self.refused.labels(request.provider, answer.counted).inc()
         return answer
 
-    def _answer(
-        self, provider: str, method: str, length: int, stream: IO[bytes], headers: Mapping[str, str]
-    ) -> Answer:
-        if method != "POST":
+    def _answer(self, request: Request) -> Answer:
+        provider, length = request.provider, request.length
+        if request.method != "POST":
             allow = (("Allow", "POST"),)
             return Answer("405 Method Not Allowed", {"error": "POST a receipt"}, allow)
         if length < 0:
             return _refused("411 Length Required", "send the receipt with a Content-Length")
         if length > MAX_BODY:
             return _refused("413 Content Too Large", f"a receipt is at most {MAX_BODY} bytes")
-        body = stream.read(length)
+        body = request.body.read(length)
         try:
-            self.checks[provider].check(body, headers)
-            receipt = read(provider, body, headers)
+            receipt = self.checks[provider].read(body, request.headers, request.query)
         except SignatureRefused:
             log.warning("receipt for %s refused: bad or missing signature", provider)
             return _refused("403 Forbidden", "bad or missing signature")

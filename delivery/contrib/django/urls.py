@@ -17,7 +17,7 @@ from django.http import HttpRequest, JsonResponse
 from django.urls import path
 from django.views.decorators.csrf import csrf_exempt
 
-from delivery.receipts import Receiver, make_receiver
+from delivery.receipts import Receiver, Request, make_receiver
 from delivery.runtime.current import get_settings
 
 __all__ = ["receive", "urlpatterns"]
@@ -35,11 +35,14 @@ def receive(request: HttpRequest, provider: str) -> JsonResponse:
     except ValueError:
         length = -1
     answer = _receiver().respond(
-        provider,
-        request.method or "",
-        length,
-        request,  # type: ignore[arg-type]  # Django's request reads its body as a file does
-        {name.lower(): value for name, value in request.headers.items()},
+        Request(
+            provider,
+            request.method or "",
+            length,
+            request,  # type: ignore[arg-type]  # Django's request reads its body as a file does
+            {name.lower(): value for name, value in request.headers.items()},
+            request.META.get("QUERY_STRING", ""),
+        )
     )
     response = JsonResponse(answer.body, status=answer.code)
     for name, value in answer.headers:

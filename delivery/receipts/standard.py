@@ -19,64 +19,51 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from delivery.core import bounds
 from delivery.errors import ConfigError, InvalidReceipt
+from delivery.receipts.fields import KEY_LENGTH, SignatureRefused, text_field
 from delivery.transitions.receipts import RECEIPT_STATUSES, ReceiptEvent
 
-__all__ = ["SignatureRefused", "Verifier", "read"]
-
-_KEY_LENGTH = 255  # delivery_messages.key
+__all__ = ["StandardReceipts"]
 
 
-class SignatureRefused(Exception):
-    """The receipt's signature is missing, wrong or too old; nothing was read."""
+class StandardReceipts:
+    """One ``http`` provider's receipts: checked with its ``whsec_`` secret (``setting`` names
+    where the secret came from, for the ``ConfigError`` of a bad one)."""
 
-
-class Verifier:
-    """The signature check of one provider's receipts, with its ``whsec_`` secret."""
-
-    def __init__(self, setting: str, secret: str) -> None:
+    def __init__(self, provider: str, setting: str, secret: str) -> None:
+        self.provider = provider
         try:
             self._webhook = Webhook(secret)
         except Exception:  # a secret that is not base64 after its prefix, or empty
             raise ConfigError(setting, "is not a whsec_ secret (base64 after 'whsec_')") from None
 
-    def check(self, body: bytes, headers: Mapping[str, str]) -> None:
+    def read(self, body: bytes, headers: Mapping[str, str], query: str) -> ReceiptEvent:
+        """The receipt in ``body`` once its signature holds (``SignatureRefused`` if not);
+        ``InvalidReceipt`` naming a bad field. ``query`` is not part of this protocol."""
         try:
             self._webhook.verify(body, dict(headers), json_parse=False)
         except WebhookVerificationError as exc:
             raise SignatureRefused(str(exc)) from None
-
-
-def read(provider: str, body: bytes, headers: Mapping[str, str]) -> ReceiptEvent:
-    """The receipt in ``body`` (its signature already checked), for ``provider``."""
-    event = _text(headers.get("webhook-id"), "webhook-id", bounds.REF_LENGTH)
-    try:
-        data = json.loads(body)
-    except ValueError:
-        raise InvalidReceipt("body", "is not JSON") from None
-    if not isinstance(data, dict):
-        raise InvalidReceipt("body", "is not a JSON object")
-    status = data.get("status")
-    if status not in RECEIPT_STATUSES:
-        raise InvalidReceipt("status", f"is not one of {', '.join(RECEIPT_STATUSES)}")
-    code = data.get("code")
-    if code is not None and (isinstance(code, bool) or not isinstance(code, str | int)):
-        raise InvalidReceipt("code", "is not a string or null")
-    return ReceiptEvent(
-        provider=provider,
-        event=event,
-        key=_text(data.get("idempotency_key"), "idempotency_key", _KEY_LENGTH),
-        status=status,
-        code=None if code is None else bounds.code(code),
-        at=_time(data.get("at")),
-    )
-
-
-def _text(value: object, field: str, limit: int) -> str:
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidReceipt(field, "is missing or not a string")
-    if len(value) > limit or bounds.printable(value) != value:
-        raise InvalidReceipt(field, f"is longer than {limit} characters or not printable")
-    return value
+        event = text_field(headers.get("webhook-id"), "webhook-id", bounds.REF_LENGTH)
+        try:
+            data = json.loads(body)
+        except ValueError:
+            raise InvalidReceipt("body", "is not JSON") from None
+        if not isinstance(data, dict):
+            raise InvalidReceipt("body", "is not a JSON object")
+        status = data.get("status")
+        if status not in RECEIPT_STATUSES:
+            raise InvalidReceipt("status", f"is not one of {', '.join(RECEIPT_STATUSES)}")
+        code = data.get("code")
+        if code is not None and (isinstance(code, bool) or not isinstance(code, str | int)):
+            raise InvalidReceipt("code", "is not a string or null")
+        return ReceiptEvent(
+            provider=self.provider,
+            event=event,
+            key=text_field(data.get("idempotency_key"), "idempotency_key", KEY_LENGTH),
+            status=status,
+            code=None if code is None else bounds.code(code),
+            at=_time(data.get("at")),
+        )
 
 
 def _time(value: object) -> dt.datetime | None:
