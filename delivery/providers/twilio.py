@@ -7,6 +7,8 @@ parameters used here are checked against it in ``tests/test_providers_twilio.py`
   ``From`` (or ``MessagingServiceSid``) and ``Body``, HTTP basic auth ``account_sid`` and the
   auth token. 201 with the message resource; its ``sid`` (``SM...``) is the provider reference.
 - Errors: JSON ``{"code": 21211, "message": ..., "more_info": ..., "status": 400}``.
+- With ``status_callback_url``: ``StatusCallback`` ``{status_callback_url}?key={key}``, where
+  Twilio reports each status change (``delivery.receipts.twilio``).
 - ``GET`` on the same path lists messages filtered by ``To`` and ``From``, in pages
   (``PageSize`` up to 1000, ``next_page_uri``). Twilio sorts the list by the send date, and a
   message not sent yet (``accepted``, ``scheduled``, ``queued``) has none, so the list has no
@@ -99,7 +101,7 @@ import os
 import re
 from collections.abc import Mapping
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 
@@ -159,6 +161,7 @@ class TwilioProvider(PooledClient):
         "messaging_service_sid": str,
         "lookup_window": float,
         "lookup_pages": int,
+        "status_callback_url": str,
     }
     default_on_unknown = UnknownPolicy.LOOKUP
     supports_lookup = True
@@ -183,6 +186,11 @@ class TwilioProvider(PooledClient):
                     f"is not a Twilio SID: {pattern.pattern[:2]} and 32 hex characters expected "
                     f"(got {len(str(value))} characters starting {str(value)[:2]!r})",
                 )
+        callback = options.get("status_callback_url")
+        if callback is not None and not re.fullmatch(r"https?://[^\s?#]+", str(callback)):
+            raise ConfigError(
+                "status_callback_url", "is not an http(s) URL without a query or fragment"
+            )
         if options.get("lookup_window", 1.0) <= 0:
             raise ConfigError("lookup_window", "must be > 0")
         if options.get("lookup_pages", 1) < 1:
@@ -200,6 +208,8 @@ class TwilioProvider(PooledClient):
             if "from_number" in options
             else {"MessagingServiceSid": str(options["messaging_service_sid"])}
         )
+        callback = options.get("status_callback_url")
+        self._callback = None if callback is None else str(callback)
         self._window = dt.timedelta(seconds=float(options.get("lookup_window", 86400.0)))
         self._pages = int(options.get("lookup_pages", 5))
         super().__init__(
@@ -214,6 +224,8 @@ class TwilioProvider(PooledClient):
         if not isinstance(body, str) or not body:
             return Permanent("PAYLOAD_INVALID", "a Twilio SMS needs a non-empty 'body'")
         form = {"To": envelope.to, **self._sender, "Body": body}
+        if self._callback is not None:  # receipts: delivery.receipts.twilio
+            form["StatusCallback"] = f"{self._callback}?{urlencode({'key': envelope.key})}"
         return self._post(classify, self._path, data=form)
 
     def lookup(self, envelope: Envelope) -> LookupOutcome:
