@@ -26,6 +26,7 @@ ORDER = [
     "worker_rss",
     "sender_floor",
     "http_cost",
+    "receipts",
 ]
 
 

@@ -203,19 +203,19 @@ class Receiver:
     def _store(self, receipt: ReceiptEvent) -> bool:
         """Store ``receipt`` and make its move; False if no message has its key. A receipt
         that resolves an ``unknown`` message is audited as the receipt's doing."""
-        with Session(self.engine) as session, session.begin():
-            done = record(session.connection(), receipt)
+        with self.engine.begin() as conn:
+            done = record(conn, receipt)
             if done.moved_from is Status.UNKNOWN and done.message_id is not None:
-                message = session.get(Message, done.message_id)
-                audit(
-                    session,
-                    actor=f"receipt:{receipt.provider}",
-                    action="resolve",
-                    message=message,
-                    from_status=Status.UNKNOWN.value,
-                    to_status=receipt.status,
-                    detail=f"receipt {receipt.event}",
-                )
+                with Session(bind=conn) as session:  # the audit, in the same transaction
+                    audit(
+                        session,
+                        actor=f"receipt:{receipt.provider}",
+                        action="resolve",
+                        message=session.get(Message, done.message_id),
+                        from_status=Status.UNKNOWN.value,
+                        to_status=receipt.status,
+                        detail=f"receipt {receipt.event}",
+                    )
         if done.effect is not None:
             self.stored.labels(receipt.provider, receipt.status).inc()
             log.info(

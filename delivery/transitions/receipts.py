@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-from collections.abc import Sequence
+import functools
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, select, update
+from sqlalchemy import Connection, bindparam, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -71,15 +71,28 @@ _MESSAGE = select(
     messages_table.c.attempts,
     messages_table.c.status,
 )
+_MOVE = (
+    update(messages_table)
+    .where(
+        messages_table.c.id == bindparam("fence_id"),
+        messages_table.c.status == bindparam("fence_status"),
+    )
+    .values(status=bindparam("to"), updated_at=bindparam("at"))
+)
+#: Out of ``unknown``: no lease left, and no lookup needed any more (the receipt answered it).
+_MOVE_FROM_UNKNOWN = _MOVE.values(lease_expires_at=None, needs_lookup=False)
+_BY_KEY = _MESSAGE.where(
+    messages_table.c.key == bindparam("key"), messages_table.c.provider == bindparam("provider")
+)
 
 
 def record(conn: Connection, receipt: ReceiptEvent) -> Recorded:
     """Store ``receipt`` for the message of its key and provider and make its move, in the
     caller's transaction (the receiver commits it before it answers)."""
-    m = messages_table.c
-    row = conn.execute(_MESSAGE.where(m.key == receipt.key, m.provider == receipt.provider)).first()
+    row = conn.execute(_BY_KEY, {"key": receipt.key, "provider": receipt.provider}).first()
     if row is None:
         return Recorded(None, None)
+    effect, target = _plan(Status(row.status), receipt.status)
     values = {
         "message_id": row.id,
         "provider": receipt.provider,
@@ -88,16 +101,17 @@ def record(conn: Connection, receipt: ReceiptEvent) -> Recorded:
         "code": receipt.code,
         "provider_at": receipt.at,
         "received_at": utcnow(),
-        "effect": Effect.KEPT.value,
+        "effect": effect.value,
     }
-    stored = conn.execute(_insert_once(conn, values)).first()
+    stored = conn.execute(_insert_once(conn.dialect.name), values).first()
     if stored is None:
         return Recorded(row.id, None)
-    effect, moved_from = _move(conn, row, receipt.status, receipt.code)
-    if effect is not Effect.KEPT:
-        r = receipts_table.c
-        conn.execute(update(receipts_table).where(r.id == stored.id).values(effect=effect.value))
-    return Recorded(row.id, effect, moved_from)
+    if target is None:
+        return Recorded(row.id, effect)
+    if not _move(conn, row, target, receipt.code):
+        _mark(conn, stored.id, Effect.KEPT)
+        return Recorded(row.id, Effect.KEPT)
+    return Recorded(row.id, Effect.MOVED, Status(row.status))
 
 
 def apply_waiting(conn: Connection, limit: int = 1000) -> int:
@@ -115,45 +129,55 @@ def apply_waiting(conn: Connection, limit: int = 1000) -> int:
         row = conn.execute(_MESSAGE.where(m.id == receipt.message_id)).first()
         if row is None:
             continue
-        effect, _ = _move(conn, row, receipt.status, receipt.code)
-        if effect is not Effect.WAITING:
-            conn.execute(
-                update(receipts_table).where(r.id == receipt.id).values(effect=effect.value)
-            )
-            moved += effect is Effect.MOVED
+        effect, target = _plan(Status(row.status), receipt.status)
+        if effect is Effect.WAITING:
+            continue
+        if target is not None and not _move(conn, row, target, receipt.code):
+            continue  # moved meanwhile: looked at again on the next pass
+        _mark(conn, receipt.id, effect)
+        moved += effect is Effect.MOVED
     return moved
 
 
-def _insert_once(conn: Connection, values: dict[str, object]) -> Any:
-    """INSERT .. ON CONFLICT (provider, event) DO NOTHING RETURNING id (PostgreSQL, SQLite)."""
-    build = pg_insert if conn.dialect.name == "postgresql" else sqlite_insert
-    statement = build(receipts_table).values(**values)
-    return statement.on_conflict_do_nothing(index_elements=["provider", "event"]).returning(
-        receipts_table.c.id
-    )
-
-
-def _move(conn: Connection, row: Any, to_be: str, code: str | None) -> tuple[Effect, Status | None]:
-    """The move a receipt saying ``to_be`` makes on ``row`` (as just read), fenced on the
-    status: up ``RECEIPT_RANK``, or out of ``unknown`` for a final receipt."""
+def _plan(current: Status, to_be: str) -> tuple[Effect, Status | None]:
+    """What a receipt saying ``to_be`` does to a message in ``current``: the effect, and the
+    status it moves the message to (None: no move): up ``RECEIPT_RANK``, or out of
+    ``unknown`` for a final receipt; a final receipt for an open message waits."""
     to = Status(to_be) if to_be in ("delivered", "undelivered") else None
-    current = Status(row.status)
     if to is None:
         return Effect.KEPT, None
     if current in OPEN:
         return Effect.WAITING, None
-    rank = RECEIPT_RANK[to]
-    lower: Sequence[Status] = [s for s, n in RECEIPT_RANK.items() if n < rank]
+    lower = [s for s, n in RECEIPT_RANK.items() if n < RECEIPT_RANK[to]]
     if current not in (*lower, Status.UNKNOWN):
         return Effect.KEPT, None
-    m = messages_table.c
-    values: dict[str, object] = {"status": to.value, "updated_at": utcnow()}
-    if current is Status.UNKNOWN:
-        values.update(lease_expires_at=None, needs_lookup=False)
-    moved = conn.execute(
-        update(messages_table).where(m.id == row.id, m.status == current.value).values(**values)
-    ).rowcount
-    if not moved:  # moved meanwhile: the next receipt or the sweeper sees where it went
-        return Effect.KEPT, None
-    emit_moved(row, current.value, to.value, "receipt", code)
-    return Effect.MOVED, current
+    return Effect.MOVED, to
+
+
+def _move(conn: Connection, row: Any, to: Status, code: str | None) -> bool:
+    """``row`` (as just read) -> ``to``, fenced on its status (see the module docstring);
+    emits the transition. False if it moved meanwhile."""
+    out_of_unknown = row.status == Status.UNKNOWN
+    statement = _MOVE_FROM_UNKNOWN if out_of_unknown else _MOVE
+    params = {"fence_id": row.id, "fence_status": row.status, "to": to.value, "at": utcnow()}
+    if not conn.execute(statement, params).rowcount:
+        return False
+    emit_moved(row, row.status, to.value, "receipt", code)
+    return True
+
+
+def _mark(conn: Connection, receipt_id: int, effect: Effect) -> None:
+    r = receipts_table.c
+    conn.execute(update(receipts_table).where(r.id == receipt_id).values(effect=effect.value))
+
+
+@functools.cache
+def _insert_once(dialect: str) -> Any:
+    """INSERT .. ON CONFLICT (provider, event) DO NOTHING RETURNING id (PostgreSQL, SQLite),
+    built once: each receipt only binds its values."""
+    build = pg_insert if dialect == "postgresql" else sqlite_insert
+    return (
+        build(receipts_table)
+        .on_conflict_do_nothing(index_elements=["provider", "event"])
+        .returning(receipts_table.c.id)
+    )

@@ -1,0 +1,183 @@
+"""Delivery receipts: how many receipts per second ``delivery receiver`` stores, next to how many
+messages per second the pipeline itself delivers, in the same run (issue 26: a message can get
+two or three receipts, so the receiver must keep up with at least three times the pipeline).
+
+1. The pipeline: ``end_to_end``'s backlog run with the default batches (``enqueue_many`` of
+   ``--messages`` drained by beat's relay and one worker, prefork x2), delivered/s.
+2. The receiver: ``delivery receiver`` (waitress, its default 8 threads) on the same outbox,
+   whose messages are now ``sent``; 8 client threads POST two signed receipts per message
+   (``sent``, then ``delivered``), signed beforehand so that the clock measures the receiver
+   (the signature check included) and the database; stored receipts/s, and CPU ms per receipt
+   of the receiver process and PostgreSQL.
+
+    python -m bench.receipts [--messages 5000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+import httpx
+from sqlalchemy import func, select, text
+from standardwebhooks.webhooks import Webhook
+
+from bench.common import (
+    CONFIG,
+    PG_URL,
+    CpuMeter,
+    database_backends,
+    free_port,
+    fresh_database,
+    log,
+    report,
+    row,
+    session,
+)
+from bench.end_to_end import BACKLOG_RUNS, backlog_run
+from delivery.core.models import Receipt
+from delivery.runtime.db import make_engine
+from delivery.testing.processes import ServiceProcess
+
+SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+CLIENTS = 8
+
+
+def signed_receipts(keys: list[str]) -> list[tuple[bytes, dict[str, str]]]:
+    """Two receipts per key (sent, then delivered), each signed as a provider signs it."""
+    signer, now = Webhook(SECRET), dt.datetime.now(dt.UTC)
+    out = []
+    for n, key in enumerate(keys):
+        for status in ("sent", "delivered"):
+            body = json.dumps(
+                {"id": f"msg_{n}", "idempotency_key": key, "status": status, "code": None}
+            ).encode()
+            event = f"evt_{n}_{status}"
+            headers = {
+                "content-type": "application/json",
+                "webhook-id": event,
+                "webhook-timestamp": str(int(now.timestamp())),
+                "webhook-signature": signer.sign(event, now, body),
+            }
+            out.append((body, headers))
+    return out
+
+
+def receiver_run(engine: Any, keys: list[str]) -> dict[str, Any]:
+    """Start the receiver on the bench outbox, POST every receipt from CLIENTS threads."""
+    config = CONFIG.parent / "receipts.toml"
+    stub = 'kind = "http"\n'
+    config.write_text(
+        CONFIG.read_text().replace(stub, stub + 'receipt_secret_env = "BENCH_RECEIPTS"\n', 1)
+    )
+    port = free_port()
+    env = {**os.environ, "DELIVERY_CONFIG": str(config), "BENCH_RECEIPTS": SECRET}
+    proc = ServiceProcess(
+        "receiver",
+        [sys.executable, "-m", "delivery.cli", "receiver", "--port", str(port)],
+        log=CONFIG.parent / "receiver.log",
+        ready="delivery receiver on",
+        env=env,
+    ).start()
+    monitor = make_engine(PG_URL, pool_size=1, max_overflow=0)
+    work = signed_receipts(keys)
+    answers: list[int] = []
+    lock = threading.Lock()
+
+    def client(part: list[tuple[bytes, dict[str, str]]]) -> None:
+        got = []
+        with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as http:
+            for body, headers in part:
+                got.append(http.post("/receipts/stub", content=body, headers=headers).status_code)
+        with lock:
+            answers.extend(got)
+
+    # each thread takes whole messages, in order: a message's sent comes before its delivered
+    parts: list[list[tuple[bytes, dict[str, str]]]] = [[] for _ in range(CLIENTS)]
+    for n in range(0, len(work), 2):
+        parts[(n // 2) % CLIENTS].extend(work[n : n + 2])
+    try:
+        meter = CpuMeter(
+            {"receiver": lambda: [proc.pid], "postgres": lambda: database_backends(monitor)}
+        )
+        load = os.getloadavg()
+        meter.start()
+        started = time.monotonic()
+        threads = [threading.Thread(target=client, args=(p,)) for p in parts]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        seconds = time.monotonic() - started
+        cpu = meter.stop()
+    finally:
+        proc.stop()
+        monitor.dispose()
+    with engine.connect() as conn:
+        stored = conn.scalar(select(func.count()).select_from(Receipt))
+        delivered = conn.scalar(
+            text("SELECT count(*) FROM delivery_messages WHERE status = 'delivered'")
+        )
+    assert set(answers) == {200}, sorted(set(answers))
+    assert stored == len(work) and delivered == len(keys), (stored, delivered)
+    return {
+        "rate": round(len(work) / seconds, 1),
+        "seconds": round(seconds, 3),
+        "receipts": len(work),
+        "cpu_ms_per_receipt": {k: round(v * 1000 / len(work), 3) for k, v in cpu.items()},
+        "load": [round(x, 2) for x in load],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--messages", type=int, default=5000)
+    args = parser.parse_args()
+    runs = {run[0]: run for run in BACKLOG_RUNS}
+    with session() as procs:
+        engine = fresh_database()
+        stub = procs.stub()
+        stub_pid = procs.pids()[-1]
+        log(f"pipeline: backlog of {args.messages}, prefork x2")
+        pipeline = backlog_run(
+            engine,
+            procs,
+            stub,
+            stub_pid,
+            run=runs["batch"],
+            pool="prefork",
+            concurrency=2,
+            messages=args.messages,
+        )
+        log(f"  {pipeline}")
+        with engine.connect() as conn:
+            keys = list(conn.scalars(text("SELECT key FROM delivery_messages ORDER BY id")))
+        log(f"receiver: {2 * len(keys)} receipts from {CLIENTS} clients")
+        received = receiver_run(engine, keys)
+        log(f"  {received}")
+        ratio = received["rate"] / pipeline["rate"]
+        figures = {"messages": args.messages, "pipeline": pipeline, "receiver": received}
+        rows = [
+            row(
+                "receipts stored per second by `delivery receiver` (waitress x8, 8 clients, two "
+                "signed receipts per message) vs the pipeline's delivered/s (prefork x2 backlog)",
+                ratio,
+                ">= 3x",
+                ratio >= 3.0,
+                f"{received['rate']:,.0f} receipts/s, CPU ms per receipt "
+                f"{received['cpu_ms_per_receipt']} (load {received['load']})",
+                f"pipeline {pipeline['rate']:,.0f} msg/s (load {pipeline['load']})",
+            )
+        ]
+        report("receipts", figures, rows, engine)
+        engine.dispose()
+
+
+if __name__ == "__main__":
+    main()
