@@ -35,6 +35,7 @@ from delivery.guards.breaker import BreakerState, BreakerTransition, CircuitBrea
 from delivery.guards.redis_client import redis_client
 from delivery.observability.events import Transition, emit
 from delivery.observability.metrics import OutboxCollector, WorkerMetrics, exporter_registry
+from delivery.receipts import Receiver
 from delivery.runtime.db import make_engine, make_sessionmaker, upgrade
 from delivery.testing.processes import ServiceProcess, worker
 from delivery.testing.stub_provider import StubServer
@@ -212,8 +213,11 @@ def exported_samples(engine: Engine) -> dict[str, set[str]]:
     )
     metrics.observe_breaker(BreakerTransition("stub", "half_open", "open", 1, utcnow(), "redis"))
     metrics.observe_relay(1)
+    receiver = Receiver(engine, {})  # the receipt receiver's own counters
+    receiver.stored.labels("stub", "delivered").inc()
+    receiver.refused.labels("stub", "403").inc()
     names: dict[str, set[str]] = {}
-    for reg in (registry, worker_registry):
+    for reg in (registry, worker_registry, receiver.registry):
         for family in reg.collect():
             for sample in family.samples:
                 names.setdefault(sample.name, set()).update(sample.labels)
