@@ -417,3 +417,20 @@ def test_the_django_urls_receive_receipts(session: Session, db_url: str, tmp_pat
         assert done.stdout.startswith(expected), done.stdout + done.stderr
     session.expire_all()
     assert session.scalars(select(Message.status)).one() == Status.DELIVERED
+
+
+def test_prune_deletes_a_delivered_message_with_its_receipts(session: Session) -> None:
+    """delivered is final: ``prune`` removes the message and its receipts with it."""
+    from delivery import ops
+
+    old = dt.datetime.now(dt.UTC) - dt.timedelta(days=40)
+    add(session, "old", "sent")
+    recorded(session, [event("old", "delivered")])
+    session.execute(
+        Message.__table__.update().values(updated_at=old)  # type: ignore[attr-defined]
+    )
+    session.commit()
+    done = ops.prune_batch(session, dt.datetime.now(dt.UTC) - dt.timedelta(days=30))
+    session.commit()
+    assert done.messages == 1
+    assert session.scalars(select(Receipt)).all() == []

@@ -1,4 +1,5 @@
-"""Prune: delete final messages and their attempts, in batches, never an open one.
+"""Prune: delete final messages with their attempts and receipts, in batches, never an open
+one.
 
 ``prunable`` counts what ``prune_batch`` would delete; call ``prune_batch`` until it deletes
 nothing, committing after each batch (``delivery prune`` does).
@@ -13,7 +14,7 @@ from typing import Any, cast
 from sqlalchemy import ColumnElement, CursorResult, and_, delete, func, select
 from sqlalchemy.orm import Session
 
-from delivery.core.models import Attempt, Message
+from delivery.core.models import Attempt, Message, Receipt
 from delivery.core.status import FINAL
 
 __all__ = ["PruneBatch", "prunable", "prune_batch"]
@@ -40,7 +41,7 @@ def prunable(session: Session, cutoff: dt.datetime) -> int:
 
 def prune_batch(session: Session, cutoff: dt.datetime, *, limit: int = 1000) -> PruneBatch:
     """Delete up to ``limit`` final messages last changed before ``cutoff``, with their
-    attempts. Open messages (pending, dispatched, sending) are never touched.
+    attempts and receipts. Open messages (pending, dispatched, sending) are never touched.
 
     The rows are locked first (``FOR UPDATE SKIP LOCKED`` on PostgreSQL), so a concurrent
     redrive either happens before (the row is no longer final and is kept) or finds it gone.
@@ -56,6 +57,11 @@ def prune_batch(session: Session, cutoff: dt.datetime, *, limit: int = 1000) -> 
     ids = list(session.scalars(picked))
     if not ids:
         return PruneBatch(0, 0)
+    session.execute(
+        delete(Receipt)
+        .where(Receipt.message_id.in_(ids))
+        .execution_options(synchronize_session=False)
+    )
     attempts = session.execute(
         delete(Attempt)
         .where(Attempt.message_id.in_(ids))
