@@ -34,7 +34,7 @@ from tests.factories import OUTBOX_TABLES
 pytestmark = pytest.mark.integration
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-MESSAGES = 200
+MESSAGES = 500
 UNREACHABLE = {f"+1201555{i:04d}" for i in range(0, MESSAGES, 10)}  # every tenth recipient
 
 TOML = """
@@ -117,7 +117,7 @@ def statuses(engine: Engine) -> dict[str, str]:
 def test_receipts_delayed_duplicated_reordered_and_lost_end_where_the_provider_said(
     rig: Rig, tmp_path: Path
 ) -> None:
-    """200 messages; the stub reports every tenth recipient undelivered (30003), duplicates
+    """500 messages; the stub reports every tenth recipient undelivered (30003), duplicates
     30% of its callbacks, sends each message's callbacks final first, 300 ms late, and sends
     none for 10% of the messages. Every message ends as the stub's own log of what it called
     back says (delivered, undelivered, or sent when it never called), each callback it got a
