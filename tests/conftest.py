@@ -13,6 +13,7 @@ import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -153,6 +154,38 @@ def pg_engine() -> Iterator[Engine]:
     upgrade(engine)
     yield engine
     engine.dispose()
+
+
+@contextmanager
+def own_outbox(name: str, run: Path, config: Path) -> Iterator[tuple[Engine, dict[str, str]]]:
+    """For a test's own worker and beat: a database of its own on the suite's server
+    (``delivery_test{SLOT}_{name}``, created empty and migrated, dropped afterwards) and the
+    environment its processes take (that database, ``OWN_BROKER_URL``, this slot's state db,
+    ``config``; their home in ``run``)."""
+    from delivery.runtime.db import make_engine, upgrade
+
+    db = f"{PG_DB}_{name}"
+    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        conn.execute(text(f"CREATE DATABASE {db}"))
+    engine = make_engine(f"{PG_SERVER}/{db}")
+    upgrade(engine)
+    env = {
+        **os.environ,
+        "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{db}",
+        "DELIVERY_BROKER_URL": OWN_BROKER_URL,
+        "DELIVERY_REDIS_URL": REDIS_URL,
+        "DELIVERY_CONFIG": str(config),
+        "DELIVERY_HOME": str(run / "home"),
+    }
+    try:
+        yield engine, env
+    finally:
+        engine.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
+        admin.dispose()
 
 
 @pytest.fixture(scope="session")

@@ -12,7 +12,6 @@ import datetime as dt
 import itertools
 import json
 import logging
-import os
 import random
 import threading
 import time
@@ -24,7 +23,7 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import Engine, create_engine, select, text
+from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
 
 from delivery.cli import main
@@ -55,7 +54,7 @@ from delivery.guards.breaker_machine import probe_rule
 from delivery.guards.redis_client import redis_client as make_client
 from delivery.outbox import enqueue as outbox
 from delivery.relay.claims import claim
-from delivery.runtime.db import make_engine, upgrade
+from delivery.runtime.db import upgrade
 from delivery.runtime.service import Service
 from delivery.sending.attempt import CIRCUIT_OPEN, breaker_verdict
 from delivery.sending.sender import deliver, deliver_many
@@ -69,12 +68,10 @@ from delivery.testing.processes import (
 )
 from delivery.testing.stub_provider import StubClient, StubServer
 from tests.conftest import (
-    OWN_BROKER_URL,
-    PG_SERVER,
     REDIS_URL,
-    SLOT,
     drained,
     free_port,
+    own_outbox,
     wait_until,
 )
 from tests.factories import OUTBOX_TABLES
@@ -900,47 +897,31 @@ def rig(
     """Own database and stub; two workers (prefork and threads, 4 each) and beat, using this
     slot's shared-state Redis db as broker and breaker store."""
     run = tmp_path_factory.mktemp("breaker")
-    db = f"delivery_test{SLOT or ''}_breaker"
-    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        conn.execute(text(f"CREATE DATABASE {db}"))
-    engine = make_engine(f"{PG_SERVER}/{db}")
-    upgrade(engine)
     port = free_port()
     config = run / "breaker.toml"
     config.write_text(RIG_TOML.format(port=port, reset=RESET))
-    env = {
-        **os.environ,
-        "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{db}",
-        "DELIVERY_BROKER_URL": OWN_BROKER_URL,
-        "DELIVERY_REDIS_URL": REDIS_URL,
-        "DELIVERY_CONFIG": str(config),
-        "DELIVERY_HOME": str(run / "home"),
-    }
     redis_client.flushdb()
     logs = [run / "worker1.log", run / "worker2.log"]
     procs: list[ServiceProcess] = []
-    try:
-        procs = start_all(
-            [
-                stub_provider(run / "stub.log", port),
-                *(
-                    worker(log, env=env, pool=pool, concurrency=CONCURRENCY, name=f"breaker-{pool}")
-                    for log, pool in zip(logs, ("prefork", "threads"), strict=True)
-                ),
-                beat(run / "beat.log", run / "beat-schedule", env=env),
-            ]
-        )
-        with StubClient(f"http://127.0.0.1:{port}") as stub:
-            yield Rig(engine, stub, load_settings(env), logs)
-    finally:
-        stop_all(procs[::-1])
-        redis_client.flushdb()
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        admin.dispose()
+    with own_outbox("breaker", run, config) as (engine, env):
+        try:
+            procs = start_all(
+                [
+                    stub_provider(run / "stub.log", port),
+                    *(
+                        worker(
+                            log, env=env, pool=pool, concurrency=CONCURRENCY, name=f"breaker-{pool}"
+                        )
+                        for log, pool in zip(logs, ("prefork", "threads"), strict=True)
+                    ),
+                    beat(run / "beat.log", run / "beat-schedule", env=env),
+                ]
+            )
+            with StubClient(f"http://127.0.0.1:{port}") as stub:
+                yield Rig(engine, stub, load_settings(env), logs)
+        finally:
+            stop_all(procs[::-1])
+            redis_client.flushdb()
 
 
 @pytest.fixture

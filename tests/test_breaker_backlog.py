@@ -10,13 +10,12 @@ worker or relay of the suite can take its messages.
 from __future__ import annotations
 
 import math
-import os
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine
 from sqlalchemy.orm import Session
 
 from delivery.config.loading import load_settings
@@ -24,11 +23,10 @@ from delivery.config.settings import BreakerConfig, Settings
 from delivery.guards.breaker_machine import probe_rule
 from delivery.outbox import enqueue as outbox
 from delivery.outbox.bulk import enqueue_many
-from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.processes import ServiceProcess, beat, start_all, stop_all, stub_provider
 from delivery.testing.processes import worker as worker_process
 from delivery.testing.stub_provider import StubClient
-from tests.conftest import OWN_BROKER_URL, PG_SERVER, REDIS_URL, SLOT, drained, free_port
+from tests.conftest import drained, free_port, own_outbox
 
 pytestmark = pytest.mark.integration
 
@@ -63,44 +61,26 @@ def rig(
     """Own database and stub; one worker (threads) and beat on this slot's shared-state Redis
     db as broker and breaker store."""
     run = tmp_path_factory.mktemp("backlog")
-    db = f"delivery_test{SLOT or ''}_backlog"
-    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        conn.execute(text(f"CREATE DATABASE {db}"))
-    engine = make_engine(f"{PG_SERVER}/{db}")
-    upgrade(engine)
     port = free_port()
     config = run / "backlog.toml"
     config.write_text(TOML.format(port=port, reset=RESET))
-    env = {
-        **os.environ,
-        "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{db}",
-        "DELIVERY_BROKER_URL": OWN_BROKER_URL,
-        "DELIVERY_REDIS_URL": REDIS_URL,
-        "DELIVERY_CONFIG": str(config),
-        "DELIVERY_HOME": str(run / "home"),
-    }
     redis_client.flushdb()
     log = run / "worker.log"
     procs: list[ServiceProcess] = []
-    try:
-        procs = start_all(
-            [
-                stub_provider(run / "stub.log", port),
-                worker_process(log, env=env, concurrency=THREADS, name="backlog"),
-                beat(run / "beat.log", run / "beat-schedule", env=env),
-            ]
-        )
-        with StubClient(f"http://127.0.0.1:{port}") as stub:
-            yield engine, stub, load_settings(env), log
-    finally:
-        stop_all(procs[::-1])
-        redis_client.flushdb()
-        engine.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
-        admin.dispose()
+    with own_outbox("backlog", run, config) as (engine, env):
+        try:
+            procs = start_all(
+                [
+                    stub_provider(run / "stub.log", port),
+                    worker_process(log, env=env, concurrency=THREADS, name="backlog"),
+                    beat(run / "beat.log", run / "beat-schedule", env=env),
+                ]
+            )
+            with StubClient(f"http://127.0.0.1:{port}") as stub:
+                yield engine, stub, load_settings(env), log
+        finally:
+            stop_all(procs[::-1])
+            redis_client.flushdb()
 
 
 def test_an_outage_during_a_backlog_costs_the_breakers_bound(

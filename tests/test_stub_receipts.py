@@ -321,7 +321,7 @@ def test_put_merges_and_get_shows_config_and_log(http: httpx.Client) -> None:
     assert config["delay_ms"] == 5 and config["statuses"] == ["sent", "delivered"]
     config = http.put("/_stub/receipts", json={"reorder": True}).json()
     assert config["delay_ms"] == 5 and config["reorder"] is True
-    assert http.get("/_stub/receipts").json() == {"config": config, "sent": []}
+    assert http.get("/_stub/receipts").json() == {"config": config, "sent": [], "queued": 0}
 
 
 def test_reset_clears_config_log_and_queued_receipts(
@@ -405,7 +405,7 @@ def test_stub_client_sets_and_reads_receipts(stub: StubServer, receiver: Receive
         send(http, "k1")
         receiver.wait(1)
         sent = wait_sent(stub, lambda log: len(log) == 1)
-        assert control.receipts() == {"config": config, "sent": sent}
+        assert control.receipts() == {"config": config, "sent": sent, "queued": 0}
         with pytest.raises(ValueError, match="duplicate_rate"):
             control.set_receipts(duplicate_rate=-1)
 

@@ -63,7 +63,8 @@ Control API: ``GET|PUT /_stub/faults`` and ``GET|PUT /_stub/receipts`` (unknown 
 field -> 400 naming it; a PUT returns the whole config), ``POST /_stub/reset`` (faults and
 receipts' config back to defaults, every log cleared, unsent receipts dropped),
 ``GET /_stub/receipts`` -> ``{"config": {...}, "sent": [{"event", "key", "status", "answer",
-"tries", "duplicate"}]}`` (one entry per receipt event in the order first attempted; ``answer``
+"tries", "duplicate"}], "queued": n}`` (one entry per receipt event in the order first
+attempted; ``queued``: POSTs still to make, retries included; ``answer``
 is the last HTTP status, null if never answered; ``tries`` counts a duplicate's POSTs too; the
 config shows ``secret`` and the recipients of ``rules`` as sha256 hex; no recipient, body or
 secret is shown), ``GET /_stub/effects`` -> ``{"effects": {key: n}, "total": n}``,

@@ -12,7 +12,7 @@ import json
 import math
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any, NamedTuple, cast
 from urllib.parse import urlsplit
 
@@ -114,19 +114,28 @@ def is_number(value: object) -> bool:
     return (is_int(value) or isinstance(value, float)) and math.isfinite(cast(float, value))
 
 
-def compile_rules(field: str, value: object) -> dict[str, Rule]:
+def _rules(
+    field: str, value: object, fields: set[str]
+) -> Iterator[tuple[str, str, Mapping[str, Any]]]:
+    """Each (recipient, where, rule) of a ``rules`` map whose rules take only ``fields``."""
     if not isinstance(value, Mapping):
         raise ValueError(f"{field}: must be an object mapping recipient -> rule")
-    compiled: dict[str, Rule] = {}
     for recipient, rule in value.items():
         where = f"{field}[{recipient!r}]"
         if not isinstance(recipient, str):
             raise ValueError(f"{where}: recipient must be a string")
         if not isinstance(rule, Mapping):
             raise ValueError(f"{where}: rule must be an object")
-        unknown = sorted(set(rule) - {"status", "json", "body", "content_type", "drop"})
+        unknown = sorted(set(rule) - fields)
         if unknown:
             raise ValueError(f"{where}: unknown rule field {unknown[0]!r}")
+        yield recipient, where, rule
+
+
+def compile_rules(field: str, value: object) -> dict[str, Rule]:
+    compiled: dict[str, Rule] = {}
+    fields = {"status", "json", "body", "content_type", "drop"}
+    for recipient, where, rule in _rules(field, value, fields):
         status = rule.get("status")
         if not is_int(status) or not 100 <= cast(int, status) <= 599:
             raise ValueError(f"{where}.status: must be an integer 100..599")
@@ -205,18 +214,8 @@ class ReceiptRule(NamedTuple):
 
 
 def compile_receipt_rules(field: str, value: object) -> dict[str, ReceiptRule]:
-    if not isinstance(value, Mapping):
-        raise ValueError(f"{field}: must be an object mapping recipient -> rule")
     compiled: dict[str, ReceiptRule] = {}
-    for recipient, rule in value.items():
-        where = f"{field}[{recipient!r}]"
-        if not isinstance(recipient, str):
-            raise ValueError(f"{where}: recipient must be a string")
-        if not isinstance(rule, Mapping):
-            raise ValueError(f"{where}: rule must be an object")
-        unknown = sorted(set(rule) - {"status", "code"})
-        if unknown:
-            raise ValueError(f"{where}: unknown rule field {unknown[0]!r}")
+    for recipient, where, rule in _rules(field, value, {"status", "code"}):
         status = rule.get("status")
         if status not in RECEIPT_FINAL_STATUSES:
             raise ValueError(f"{where}.status: must be 'delivered' or 'undelivered'")

@@ -79,6 +79,7 @@ class State:
         self.generation = 0
         self.order = itertools.count()
         self.sender: threading.Thread | None = None
+        self.posting = 0  # receipts taken off the queue whose POST has not been logged yet
         self.closed = False
         self.reset()
 
@@ -156,6 +157,7 @@ class State:
             return {
                 "config": receipts_view(self.receipts),
                 "sent": [dict(entry) for entry in self.sent.values()],
+                "queued": len(self.queue) + self.posting,
             }
 
     def queue_receipts_locked(self, msg_id: str, key: str, to: str) -> None:
@@ -214,6 +216,7 @@ class State:
                 if self.queue:
                     timeout = self.queue[0][0] - time.monotonic()
                     if timeout <= 0:
+                        self.posting += 1
                         return heapq.heappop(self.queue)[2]
                 self.receipts_due.wait(timeout)
             return None
@@ -233,6 +236,7 @@ class State:
             answer = post_receipt(receipt.url, headers, receipt.body)
             receipt = receipt._replace(tries=receipt.tries + 1)
             with self.lock:
+                self.posting -= 1
                 if receipt.generation != self.generation or self.closed:
                     continue
                 entry = self.sent.get(receipt.event)
