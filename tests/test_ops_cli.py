@@ -19,7 +19,18 @@ from delivery.runtime.db import make_sessionmaker
 from tests.factories import add
 
 RECIPIENT = "+15555550123"
-STATUSES = ["pending", "dispatched", "sending", "sent", "dead", "unknown", "cancelled", "expired"]
+STATUSES = [
+    "pending",
+    "dispatched",
+    "sending",
+    "sent",
+    "dead",
+    "unknown",
+    "cancelled",
+    "expired",
+    "delivered",
+    "undelivered",
+]
 
 
 def attempt(session: Session, message: Message, number: int = 1) -> None:

@@ -1,5 +1,7 @@
-"""Delivery receipts: one row per provider callback, and the states ``delivered`` and
-``undelivered`` (the status column already holds any state name: nothing to alter there).
+"""Delivery receipts: one row per provider callback.
+
+The states ``delivered`` and ``undelivered`` need no change: the status column holds any
+state's name.
 
 Revision ID: 0006_receipts
 Revises: 0005_fewer_indexes
