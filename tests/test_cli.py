@@ -52,6 +52,7 @@ def test_stats_json_counts_every_status(session: Session) -> None:
         "expired": 0,
         "delivered": 0,
         "undelivered": 0,
+        "suppressed": 0,
     }
     assert list(json.loads(result.output)) == [
         "pending",
@@ -64,6 +65,7 @@ def test_stats_json_counts_every_status(session: Session) -> None:
         "expired",
         "delivered",
         "undelivered",
+        "suppressed",
     ]
 
 

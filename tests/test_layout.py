@@ -182,7 +182,7 @@ ROOMS: dict[str, set[str]] = {
     "core": {"config", "errors"},  # config.settings: the Backoff the backoff function reads
     "config": {"core", "errors", "providers"},
     "providers": {"config", "core", "errors"},
-    "guards": {"config", "observability"},
+    "guards": {"config", "core", "observability"},
     "runtime": {"config", "errors", "guards", "providers"},
     "observability": {"core", "guards", "ops"},  # metrics read the ops' queries
     "transitions": {"config", "core", "observability"},
@@ -221,7 +221,7 @@ ROOMS: dict[str, set[str]] = {
         "runtime",
     },
     "testing": {"config", "core", "outbox", "runtime"},
-    "receipts": {"config", "core", "errors", "ops", "runtime", "transitions"},
+    "receipts": {"config", "core", "errors", "guards", "ops", "runtime", "transitions"},
     "cli": {
         "config",
         "console",

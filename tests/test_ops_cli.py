@@ -30,6 +30,7 @@ STATUSES = [
     "expired",
     "delivered",
     "undelivered",
+    "suppressed",
 ]
 
 

@@ -10,6 +10,7 @@ or the migrations) and renders the answer; none holds a query of its own:
 - ``prune``: ``prune``;
 - ``watch``: ``watch``, ``metrics``;
 - ``breaker``: ``breaker status``, ``breaker reset``;
+- ``suppression``: ``suppression list``, ``suppression add``, ``suppression lift``;
 - ``testing``: ``stub-provider``, ``demo``;
 - ``console``: ``console`` (the web console, ``delivery.console``);
 - ``receiver``: ``receiver`` (the receipt receiver, ``delivery.receipts``);
@@ -36,6 +37,7 @@ from delivery.cli import (
     prune,
     receiver,
     repair,
+    suppression,
     testing,
     watch,
 )
@@ -65,6 +67,7 @@ for _command in (
     testing.stub_provider_command,
     testing.demo,
     breaker.breaker_group,
+    suppression.suppression_group,
     console.console_command,
     receiver.receiver_command,
     flower.flower_command,

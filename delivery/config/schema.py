@@ -101,6 +101,7 @@ class Tuning(Table):
     max_countdown: Interval = _SETTINGS.max_countdown
     batch_size: Count = _SETTINGS.batch_size
     send_concurrency: Count = _SETTINGS.send_concurrency
+    suppression_secret_env: Name = _SETTINGS.suppression_secret_env
 
     @model_validator(mode="after")
     def _leases(self) -> Self:
@@ -244,6 +245,7 @@ class TypeTable(Table):
     backoff: BackoffTable | None = None
     priority: Priority = "normal"
     ttl: Seconds | None = None  # seconds from the due time; past it the message expires
+    suppress: bool = True  # false: its messages go out to a suppressed recipient too
 
 
 class ConfigFile(Table):

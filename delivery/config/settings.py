@@ -115,6 +115,9 @@ class MessageType:
     backoff: Backoff | None = None
     priority: str = "normal"
     ttl: float | None = None
+    #: False: its messages are sent to a recipient on the suppression list too (an OTP to a
+    #: number that was unreachable for a while).
+    suppress: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,6 +151,9 @@ class Settings:
     batch_size: int = 50
     #: Sends in flight at once per worker process for a batch (its thread pool).
     send_concurrency: int = 8
+    #: The environment variable holding the suppression list's secret (its recipients are
+    #: kept as keyed hashes); unset, there is no suppression list.
+    suppression_secret_env: str = "DELIVERY_SUPPRESSION_SECRET"
     home: str = DEFAULT_HOME
 
     def channel(self, name: str) -> ChannelConfig | None:

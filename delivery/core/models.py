@@ -1,4 +1,5 @@
-"""The outbox schema: one row per logical message, one row per attempt, one per receipt.
+"""The outbox schema: one row per logical message, one per attempt, one per receipt; the
+suppression list.
 
 The migrations in ``delivery/migrations`` create exactly these tables; a test checks that
 the two agree.
@@ -34,10 +35,12 @@ __all__ = [
     "Base",
     "Message",
     "Receipt",
+    "Suppression",
     "UTCDateTime",
     "attempts_table",
     "messages_table",
     "receipts_table",
+    "suppressions_table",
     "utcnow",
 ]
 
@@ -212,6 +215,26 @@ class Receipt(Base):
     )
 
 
+class Suppression(Base):
+    """A recipient that must not be sent to on a channel (``delivery.outbox.suppression``).
+    The recipient is kept only as a keyed hash (HMAC-SHA256 with the deployment's
+    suppression secret), so a copy of the table names nobody; ``source`` says who put it
+    there (``receipt:PROVIDER EVENT``, or an operator's actor)."""
+
+    __tablename__ = "delivery_suppressions"
+
+    id: Mapped[int] = mapped_column(Id, primary_key=True, autoincrement=True)
+    channel: Mapped[str] = mapped_column(String(32))
+    recipient_hash: Mapped[str] = mapped_column(String(64))
+    code: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    source: Mapped[str] = mapped_column(String(255))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+
+    __table_args__ = (
+        Index("uq_delivery_suppressions_channel", "channel", "recipient_hash", unique=True),
+    )
+
+
 class AuditEntry(Base):
     """One operator action (console, CLI, Django admin): who, when, what, on which message,
     from which status to which. ``message_id`` is not a foreign key: the record outlives a
@@ -234,3 +257,4 @@ class AuditEntry(Base):
 messages_table = cast(Table, Message.__table__)
 attempts_table = cast(Table, Attempt.__table__)
 receipts_table = cast(Table, Receipt.__table__)
+suppressions_table = cast(Table, Suppression.__table__)

@@ -13,6 +13,7 @@
     dispatched ──breaker open──▶ pending (no attempt spent)
     pending, dispatched ──ttl passed──▶ expired
     dead, unknown ──redrive──▶ pending   (same key; attempts go on, a fresh budget)
+    dispatched ──recipient on the suppression list──▶ suppressed   (never sent)
     sent, unknown ──receipt──▶ delivered | undelivered   (the provider's callback)
     undelivered ──receipt──▶ delivered   (delivered proves arrival; never the other way)
 
@@ -31,6 +32,8 @@
   late (an OTP is worthless after five minutes).
 - ``delivered``: the provider's receipt says it reached the recipient.
 - ``undelivered``: the provider's receipt says it accepted it but could not deliver it.
+- ``suppressed``: its recipient is on the channel's suppression list (a receipt said they
+  unsubscribed or cannot be reached); it was never sent.
 
 Receipts only move a message up ``sent`` < ``undelivered`` < ``delivered`` (``RECEIPT_RANK``),
 so the order they arrive in never changes where it ends: a late ``sent`` after ``delivered``,
@@ -60,6 +63,7 @@ class Status(enum.StrEnum):
     EXPIRED = "expired"
     DELIVERED = "delivered"
     UNDELIVERED = "undelivered"
+    SUPPRESSED = "suppressed"
 
 
 FINAL = frozenset(
@@ -71,6 +75,7 @@ FINAL = frozenset(
         Status.EXPIRED,
         Status.DELIVERED,
         Status.UNDELIVERED,
+        Status.SUPPRESSED,
     }
 )
 #: Where receipts may take a message, lowest first: a receipt moves it only upwards.

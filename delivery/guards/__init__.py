@@ -6,7 +6,10 @@
   in-process twin for when Redis is away.
 - ``ratelimit``: a token bucket per provider, shared the same way.
 - ``redis_client``: the fail-fast Redis client they use: a send never waits on Redis.
+- ``suppression``: the suppression list, recipients a channel must not send to (keyed
+  hashes, in the outbox's database).
 
-A guard answers; it never touches the outbox: the sender decides what the answer does to the
-row. May import: ``delivery.config.settings`` and ``delivery.observability.events`` (hooks).
+A guard answers; it never moves a message: the sender decides what the answer does to the
+row. May import: ``delivery.config.settings``, ``delivery.observability.events`` (hooks) and
+``delivery.core.models`` (the suppression list's table).
 """

@@ -12,6 +12,7 @@ call these). Every function takes a SQLAlchemy ``Session`` and never commits: th
 - ``series``: per-minute counts, error rates and latency percentiles for charts.
 - ``timeline``: a message's attempts, the actions on it and its receipts, in time order.
 - ``breakers``: each provider's breaker as a row, and an audited reset.
+- ``suppression``: the suppression list: list, add, lift (audited; no recipient shown).
 
 May import: ``delivery.errors``, ``delivery.core`` (models, status), ``delivery.outbox``
 (validation), ``delivery.transitions`` (every repair's status write), ``delivery.config``,

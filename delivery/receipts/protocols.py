@@ -20,6 +20,8 @@ __all__ = ["ReceiptProtocol", "protocols"]
 
 class ReceiptProtocol(Protocol):
     provider: str
+    #: The codes of an ``undelivered`` receipt that put its recipient on the suppression list.
+    suppressing: frozenset[str]
 
     def read(self, body: bytes, headers: Mapping[str, str], query: str) -> ReceiptEvent:
         """The receipt of a request (``body``, ``headers`` with names in lower case, the

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import IO, Any, cast
 
 from prometheus_client import CollectorRegistry, Counter, make_wsgi_app
-from sqlalchemy import Engine, make_url
+from sqlalchemy import Connection, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
 
@@ -37,11 +37,12 @@ from delivery.core import bounds
 from delivery.core.models import Message
 from delivery.core.status import Status
 from delivery.errors import ConfigError, InvalidReceipt
+from delivery.guards.suppression import Suppressions
 from delivery.ops.audit import record as audit
 from delivery.receipts.fields import SignatureRefused
 from delivery.receipts.protocols import ReceiptProtocol, protocols
 from delivery.runtime.db import check_outbox, make_engine
-from delivery.transitions.receipts import ReceiptEvent, record
+from delivery.transitions.receipts import ReceiptEvent, Recorded, record
 
 __all__ = ["MAX_BODY", "RETRY_AFTER", "Answer", "Receiver", "Request", "make_receiver"]
 
@@ -76,7 +77,7 @@ def make_receiver(settings: Settings, environ: Mapping[str, str] | None = None) 
         timeout = f"-c statement_timeout={int(DB_WAIT * 1000)}"
         args = {"connect_args": {"connect_timeout": max(1, round(DB_WAIT)), "options": timeout}}
     engine = make_engine(settings.database_url, pool_timeout=DB_WAIT, **args)
-    return Receiver(engine, checks)
+    return Receiver(engine, checks, Suppressions(settings, environ))
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +117,13 @@ def _refused(status: str, error: str, *headers: tuple[str, str]) -> Answer:
 class Receiver:
     """The WSGI app: receipts of the providers in ``checks`` into ``engine``'s outbox."""
 
-    def __init__(self, engine: Engine, checks: Mapping[str, ReceiptProtocol]) -> None:
-        self.engine, self.checks = engine, dict(checks)
+    def __init__(
+        self,
+        engine: Engine,
+        checks: Mapping[str, ReceiptProtocol],
+        suppressions: Suppressions | None = None,
+    ) -> None:
+        self.engine, self.checks, self.suppressions = engine, dict(checks), suppressions
         self.registry = CollectorRegistry()
         self.stored = Counter(
             "delivery_receipts",
@@ -205,6 +211,7 @@ class Receiver:
         that resolves an ``unknown`` message is audited as the receipt's doing."""
         with self.engine.begin() as conn:
             done = record(conn, receipt)
+            self._suppress(conn, receipt, done)
             if done.moved_from is Status.UNKNOWN and done.message_id is not None:
                 with Session(bind=conn) as session:  # the audit, in the same transaction
                     audit(
@@ -227,6 +234,30 @@ class Receiver:
                 done.effect.value,
             )
         return done.message_id is not None
+
+    def _suppress(self, conn: Connection, receipt: ReceiptEvent, done: Recorded) -> None:
+        """A new ``undelivered`` receipt with a code of its protocol's ``suppressing`` puts
+        its recipient on the channel's suppression list, in the receipt's transaction."""
+        protocol = self.checks[receipt.provider]
+        if (
+            self.suppressions is None
+            or done.effect is None
+            or done.channel is None
+            or done.recipient is None
+            or receipt.status != "undelivered"
+            or receipt.code not in protocol.suppressing
+        ):
+            return
+        source = f"receipt:{receipt.provider} {receipt.event}"
+        if self.suppressions.add(
+            conn, done.channel, done.recipient, code=receipt.code, source=source
+        ):
+            log.info(
+                "receipt %s of %s: recipient suppressed (%s)",
+                receipt.event,
+                receipt.provider,
+                receipt.code,
+            )
 
 
 def _ref(body: bytes) -> str:

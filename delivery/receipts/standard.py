@@ -29,6 +29,11 @@ class StandardReceipts:
     """One ``http`` provider's receipts: checked with its ``whsec_`` secret (``setting`` names
     where the secret came from, for the ``ConfigError`` of a bad one)."""
 
+    #: The codes of an ``undelivered`` receipt that put its recipient on the suppression list.
+    suppressing = frozenset(
+        {"UNSUBSCRIBED", "UNREACHABLE", "INVALID_RECIPIENT", "LANDLINE", "HARD_BOUNCE", "COMPLAINT"}
+    )
+
     def __init__(self, provider: str, setting: str, secret: str) -> None:
         self.provider = provider
         try:

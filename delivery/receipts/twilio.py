@@ -53,6 +53,11 @@ class TwilioReceipts:
     """One ``twilio`` provider's receipts, checked with its auth token against its
     ``status_callback_url``."""
 
+    #: The ``ErrorCode`` of an ``undelivered`` receipt that puts its recipient on the
+    #: suppression list: 21610 unsubscribed (STOP), 30003 unreachable, 30005 unknown or
+    #: inactive number, 30006 landline or unreachable carrier.
+    suppressing = frozenset({"21610", "30003", "30005", "30006"})
+
     def __init__(self, provider: str, url: str, auth_token: str) -> None:
         self.provider, self._url, self._token = provider, url, auth_token
 

@@ -1,5 +1,5 @@
 """The objects one worker or relay process holds: settings, database, provider clients,
-circuit breakers and rate limits."""
+circuit breakers, rate limits and the suppression list."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from delivery.config.settings import Settings
 from delivery.guards.breaker import Breakers, CircuitBreaker
 from delivery.guards.ratelimit import RateLimiter
 from delivery.guards.redis_client import redis_client
+from delivery.guards.suppression import Suppressions
 from delivery.providers import Provider, build_provider
 from delivery.runtime.db import make_engine, make_sessionmaker
 
@@ -34,6 +35,7 @@ class Service:
     _breakers: Breakers | None = None
     _limiters: dict[str, RateLimiter | None] = field(default_factory=dict)
     _autocommit: Engine | None = None
+    _suppressions: Suppressions | None = None
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Service:
@@ -48,6 +50,14 @@ class Service:
         if self._autocommit is None:
             self._autocommit = self.engine.execution_options(isolation_level="AUTOCOMMIT")
         return self._autocommit
+
+    @property
+    def suppressions(self) -> Suppressions:
+        """The suppression list as this process sees it (``delivery.guards.suppression``)."""
+        with self._lock:
+            if self._suppressions is None:
+                self._suppressions = Suppressions(self.settings)
+            return self._suppressions
 
     def provider(self, name: str) -> Provider:
         with self._lock:

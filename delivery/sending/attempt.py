@@ -2,6 +2,9 @@
 and the take) and ``call``, each step only once the previous one let the message through
 (docs/concepts.md, "A backlog travels in batches"):
 
+0. ``suppressed``: the task's rows whose recipient is on the channel's suppression list
+   (``delivery.guards.suppression``; one statement for the task, none while the list is
+   empty) end ``suppressed``, never sent, unless their message type says ``suppress = false``;
 1. ``check``: its provider must still be configured (else ``dead``,
    ``PROVIDER_NOT_CONFIGURED``), it must be due and within its time-to-live (else ``expired``);
 2. ``check``: the provider's rate limit: over it, the row stays ``dispatched`` and the task
@@ -50,6 +53,7 @@ __all__ = [
     "PROVIDER_NOT_CONFIGURED",
     "RATE_LIMITED",
     "SEND_LATE",
+    "SUPPRESSED",
     "Admitted",
     "Clock",
     "Entry",
@@ -60,12 +64,15 @@ __all__ = [
     "check",
     "entry_id",
     "entry_row",
+    "suppress",
+    "suppressed",
 ]
 
 CIRCUIT_OPEN = "CIRCUIT_OPEN"
 PROVIDER_NOT_CONFIGURED = "PROVIDER_NOT_CONFIGURED"
 RATE_LIMITED = "RATE_LIMITED"
 SEND_LATE = "SEND_LATE"
+SUPPRESSED = "SUPPRESSED"
 
 _TAKEN = Result(Action.SKIP, reason="taken by another worker")
 
@@ -105,6 +112,28 @@ def entry_row(entry: Entry) -> Row[Any]:
 
 def entry_id(entry: Entry) -> int:
     return int(entry_row(entry).id)
+
+
+def suppressed(service: Service, rows: Sequence[Row[Any]]) -> set[int]:
+    """Step 0: the ids of ``rows`` whose recipient is on their channel's suppression list,
+    but for message types with ``suppress = false``."""
+    lists = service.suppressions
+    if not rows or not lists.active():
+        return set()
+    types = service.settings.types
+    subject = [
+        row for row in rows if (kind := types.get(row.message_type or "")) is None or kind.suppress
+    ]
+    with service.autocommit.connect() as conn:
+        places = lists.listed(conn, [(row.channel, row.recipient) for row in subject])
+    return {subject[place].id for place in places}
+
+
+def suppress(service: Service, row: Row[Any]) -> Result:
+    """A suppressed recipient's message is never sent: ``dispatched`` -> ``suppressed``."""
+    reason = f"its recipient is on the {row.channel} suppression list"
+    why = Leave(Status.SUPPRESSED, "suppressed", SUPPRESSED, reason)
+    return _not_sent(service, row, why, Result(Action.DONE, Status.SUPPRESSED, code=SUPPRESSED))
 
 
 def check(service: Service, row: Row[Any], clock: Clock) -> Result | None:

@@ -27,7 +27,17 @@ from delivery.core.clock import read_with_clock
 from delivery.core.models import messages_table
 from delivery.core.status import Status
 from delivery.runtime.service import Service
-from delivery.sending.attempt import Clock, Entry, Taken, admit, call, check, entry_id
+from delivery.sending.attempt import (
+    Clock,
+    Entry,
+    Taken,
+    admit,
+    call,
+    check,
+    entry_id,
+    suppress,
+    suppressed,
+)
 from delivery.sending.settle import Sent, after_sends
 from delivery.transitions import Action, Result
 
@@ -119,8 +129,9 @@ def send_pool(size: int) -> tuple[ThreadPoolExecutor, Slots]:
 def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[int, Result]:
     """Make the attempts at ``rows``; the ``Result`` of each, by id.
 
-    Each row is checked (``attempt.check``); the others are admitted (breaker, take) only as
-    send slots free up, in waves of at least half the pool's slots (or all it still needs), so
+    Each row is checked (``attempt.suppressed``, ``attempt.check``); the others are admitted
+    (breaker, take) only as send slots free up, in waves of at least half the pool's slots (or
+    all it still needs), so
     a permit never outlives the moment its request leaves by more than a statement. A message
     alone, or every message when there is no pool, is sent on the task's own thread. The calls
     made are settled together, at the end or once the first has waited ``hold_lease / 2`` s
@@ -128,8 +139,9 @@ def _attempts(service: Service, rows: Sequence[Row[Any]], clock: Clock) -> dict[
     that raised is raised once every other has finished and been settled."""
     results: dict[int, Result] = {}
     todo: list[Entry] = []
+    listed = suppressed(service, rows)
     for row in rows:
-        checked = check(service, row, clock)
+        checked = suppress(service, row) if row.id in listed else check(service, row, clock)
         if checked is None:
             todo.append(row)
         else:

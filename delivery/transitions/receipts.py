@@ -57,11 +57,14 @@ class ReceiptEvent:
 class Recorded:
     """What ``record`` did: ``message_id`` None when no message of that provider has the key
     (nothing stored); ``effect`` None when the event was stored already (a duplicate);
-    ``moved_from``: the status the message left, when it moved."""
+    ``moved_from``: the status the message left, when it moved. ``channel`` and ``recipient``
+    are the message's, for the suppression list (never logged)."""
 
     message_id: int | None
     effect: Effect | None
     moved_from: Status | None = None
+    channel: str | None = None
+    recipient: str | None = None
 
 
 _MESSAGE = select(
@@ -70,6 +73,8 @@ _MESSAGE = select(
     messages_table.c.provider,
     messages_table.c.attempts,
     messages_table.c.status,
+    messages_table.c.channel,
+    messages_table.c.recipient,
 )
 _MOVE = (
     update(messages_table)
@@ -106,12 +111,13 @@ def record(conn: Connection, receipt: ReceiptEvent) -> Recorded:
     stored = conn.execute(_insert_once(conn.dialect.name), values).first()
     if stored is None:
         return Recorded(row.id, None)
+    to = row.channel, row.recipient
     if target is None:
-        return Recorded(row.id, effect)
+        return Recorded(row.id, effect, None, *to)
     if not _move(conn, row, target, receipt.code):
         _mark(conn, stored.id, Effect.KEPT)
-        return Recorded(row.id, Effect.KEPT)
-    return Recorded(row.id, Effect.MOVED, Status(row.status))
+        return Recorded(row.id, Effect.KEPT, None, *to)
+    return Recorded(row.id, Effect.MOVED, Status(row.status), *to)
 
 
 def apply_waiting(conn: Connection, limit: int = 1000) -> int:

@@ -1,7 +1,7 @@
-"""Delivery receipts: one row per provider callback.
+"""Delivery receipts: one row per provider callback, and the suppression list.
 
-The states ``delivered`` and ``undelivered`` need no change: the status column holds any
-state's name.
+The states ``delivered``, ``undelivered`` and ``suppressed`` need no change: the status
+column holds any state's name.
 
 Revision ID: 0006_receipts
 Revises: 0005_fewer_indexes
@@ -19,6 +19,7 @@ depends_on = None
 
 Id = sa.BigInteger().with_variant(sa.Integer(), "sqlite")
 RECEIPTS = "delivery_receipts"
+SUPPRESSIONS = "delivery_suppressions"
 WAITING = sa.text("effect = 'waiting'")
 
 
@@ -58,5 +59,24 @@ def upgrade() -> None:
     )
 
 
+    op.create_table(
+        SUPPRESSIONS,
+        sa.Column("id", Id, primary_key=True, autoincrement=True),
+        sa.Column("channel", sa.String(32), nullable=False),
+        sa.Column("recipient_hash", sa.String(64), nullable=False),
+        sa.Column("code", sa.String(64), nullable=True),
+        sa.Column("source", sa.String(255), nullable=False),
+        sa.Column("created_at", UTCDateTime(), nullable=False),
+        sa.PrimaryKeyConstraint("id", name="pk_delivery_suppressions"),
+    )
+    op.create_index(
+        "uq_delivery_suppressions_channel",
+        SUPPRESSIONS,
+        ["channel", "recipient_hash"],
+        unique=True,
+    )
+
+
 def downgrade() -> None:
+    op.drop_table(SUPPRESSIONS)
     op.drop_table(RECEIPTS)

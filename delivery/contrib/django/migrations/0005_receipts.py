@@ -1,5 +1,5 @@
-"""State only (the models are unmanaged): the states ``delivered`` and ``undelivered``, as
-Alembic revision 0006_receipts adds them with the delivery receipts."""
+"""State only (the models are unmanaged): the states ``delivered``, ``undelivered`` and
+``suppressed``, as Alembic revision 0006_receipts adds them with the delivery receipts."""
 
 from django.db import migrations, models
 
@@ -23,6 +23,7 @@ class Migration(migrations.Migration):
                     ("expired", "expired"),
                     ("delivered", "delivered"),
                     ("undelivered", "undelivered"),
+                    ("suppressed", "suppressed"),
                 ],
                 max_length=16,
             ),
