@@ -281,7 +281,7 @@ def test_a_receipt_that_resolves_an_unknown_message_is_audited(
 
 def test_show_and_the_console_page_list_the_receipts(session: Session, db_url: str) -> None:
     """``delivery show`` (table and JSON) and the console's message page show each receipt
-    of the message in its timeline, with what it did."""
+    of the message in its timeline, with what it did; the overview, the provider's rate."""
     from click.testing import CliRunner
     from flask import Flask
 
@@ -305,6 +305,8 @@ def test_show_and_the_console_page_list_the_receipts(session: Session, db_url: s
     text_ = page.get_data(as_text=True)
     assert page.status_code == 200
     assert 'class="receipt"' in text_ and "evt_one" in text_ and "evt_two" in text_
+    overview = app.test_client().get("/", headers={"Authorization": auth}).get_data(as_text=True)
+    assert 'class="receipt-rate"><td>stub</td>' in overview  # the last day's delivery rate
 
 
 def test_the_receiver_counts_what_it_stored_and_refused(
@@ -434,3 +436,24 @@ def test_prune_deletes_a_delivered_message_with_its_receipts(session: Session) -
     session.commit()
     assert done.messages == 1
     assert session.scalars(select(Receipt)).all() == []
+
+
+def test_the_overview_shows_the_delivery_rate_and_receipt_lag_per_provider(
+    session: Session,
+) -> None:
+    """Three delivered and one undelivered message of the last day: a 75% delivery rate, and
+    the lag from accept to the delivered receipt; a duplicate or a kept receipt does not
+    count."""
+    from delivery import ops
+
+    sent_at = dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30)
+    for i in range(4):
+        add(session, f"rate-{i}", "sent", sent_at=sent_at)
+    events = [event(f"rate-{i}", "delivered") for i in range(3)]
+    events += [event("rate-3", "undelivered"), event("rate-0", "sent"), events[0]]
+    for receipt in events:
+        record(session.connection(), receipt)
+        session.commit()
+    [rates] = ops.receipt_rates(session, dt.datetime.now(dt.UTC) - dt.timedelta(days=1))
+    assert (rates.provider, rates.delivered, rates.undelivered, rates.rate) == ("stub", 3, 1, 0.75)
+    assert rates.lag_p50 is not None and 29 <= rates.lag_p50 <= 60

@@ -205,6 +205,8 @@ class Receipt(Base):
 
     __table_args__ = (
         Index("uq_delivery_receipts_provider", "provider", "event", unique=True),
+        # The console's delivery rates and receipt lag read the receipts of a recent window.
+        Index("ix_delivery_receipts_received_at", "received_at"),
         # The sweeper's look for receipts that wait: only those rows are in it.
         Index(
             "ix_delivery_receipts_waiting",

@@ -13,6 +13,7 @@ call these). Every function takes a SQLAlchemy ``Session`` and never commits: th
 - ``timeline``: a message's attempts, the actions on it and its receipts, in time order.
 - ``breakers``: each provider's breaker as a row, and an audited reset.
 - ``suppression``: the suppression list: list, add, lift (audited; no recipient shown).
+- ``receipts``: what the receipts of a recent window say per provider (delivery rate, lag).
 
 May import: ``delivery.errors``, ``delivery.core`` (models, status), ``delivery.outbox``
 (validation), ``delivery.transitions`` (every repair's status write), ``delivery.config``,
@@ -46,6 +47,7 @@ from delivery.ops.inspect import (
     stats_by_provider,
 )
 from delivery.ops.prune import PruneBatch, prunable, prune_batch
+from delivery.ops.receipts import ReceiptRates, receipt_rates
 from delivery.ops.repair import (
     REDRIVABLE,
     RESOLVABLE,
@@ -71,6 +73,7 @@ __all__ = [
     "MessageFilter",
     "Page",
     "PruneBatch",
+    "ReceiptRates",
     "RedriveResult",
     "ResolveResult",
     "Series",
@@ -90,6 +93,7 @@ __all__ = [
     "prune_batch",
     "rates",
     "receipt_dict",
+    "receipt_rates",
     "receipts",
     "record",
     "redrive",

@@ -1,8 +1,9 @@
-"""``/``: counts per status and provider, oldest pending, relay lag, breakers, and charts of
-the last hour and day."""
+"""``/``: counts per status and provider, oldest pending, relay lag, breakers, charts of the
+last hour and day, and what the last day's delivery receipts say per provider."""
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 
 from flask import Blueprint, render_template
@@ -11,6 +12,7 @@ from delivery import ops
 from delivery.console.charts import line_chart
 from delivery.console.context import db, state
 from delivery.console.pages.breakers import read_breakers
+from delivery.core.models import utcnow
 
 __all__ = ["blueprint"]
 
@@ -54,6 +56,10 @@ def overview() -> str:
             }
         )
     settings = state().settings
+    day = utcnow() - dt.timedelta(days=1)
+    receipts = state().cache.get(
+        ("receipts", 86400.0), 60.0, functools.partial(ops.receipt_rates, session, day)
+    )
     breakers, breaker_problem = read_breakers(settings)
     if settings.redis_url is None:
         breaker_problem = "in-process (each worker keeps its own)"
@@ -66,4 +72,5 @@ def overview() -> str:
         breakers=breakers,
         breaker_problem=breaker_problem,
         charts=charts,
+        receipts=receipts,
     )

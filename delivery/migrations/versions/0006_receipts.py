@@ -50,6 +50,7 @@ def upgrade() -> None:
     op.create_index(
         "uq_delivery_receipts_provider", RECEIPTS, ["provider", "event"], unique=True
     )
+    op.create_index("ix_delivery_receipts_received_at", RECEIPTS, ["received_at"])
     op.create_index(
         "ix_delivery_receipts_waiting",
         RECEIPTS,
