@@ -11,6 +11,20 @@ from sqlalchemy.orm import Session
 from delivery.core.models import Attempt, Base, Message, utcnow
 
 RECIPIENT = "+15555550123"
+#: Every status, in the order ``stats`` reports them: the shape scripts read (``--json``).
+STATUSES = [
+    "pending",
+    "dispatched",
+    "sending",
+    "sent",
+    "dead",
+    "unknown",
+    "cancelled",
+    "expired",
+    "delivered",
+    "undelivered",
+    "suppressed",
+]
 #: Every table of the outbox, for ``TRUNCATE``: read from the models, so none is left out (a
 #: table that references the messages would make the TRUNCATE fail).
 OUTBOX_TABLES = ", ".join(table.name for table in reversed(Base.metadata.sorted_tables))

@@ -16,22 +16,9 @@ from delivery.cli import main
 from delivery.core.models import Attempt, Message, utcnow
 from delivery.observability.events import Transition, add_hook, remove_hook
 from delivery.runtime.db import make_sessionmaker
-from tests.factories import add
+from tests.factories import STATUSES, add
 
 RECIPIENT = "+15555550123"
-STATUSES = [
-    "pending",
-    "dispatched",
-    "sending",
-    "sent",
-    "dead",
-    "unknown",
-    "cancelled",
-    "expired",
-    "delivered",
-    "undelivered",
-    "suppressed",
-]
 
 
 def attempt(session: Session, message: Message, number: int = 1) -> None:
