@@ -76,6 +76,7 @@ _MESSAGE = select(
     messages_table.c.channel,
     messages_table.c.recipient,
 )
+_TRIES = 3  # plans of one receipt's move, when concurrent receipts move its message first
 _MOVE = (
     update(messages_table)
     .where(
@@ -111,13 +112,23 @@ def record(conn: Connection, receipt: ReceiptEvent) -> Recorded:
     stored = conn.execute(_insert_once(conn.dialect.name), values).first()
     if stored is None:
         return Recorded(row.id, None)
-    to = row.channel, row.recipient
-    if target is None:
-        return Recorded(row.id, effect, None, *to)
-    if not _move(conn, row, target, receipt.code):
-        _mark(conn, stored.id, Effect.KEPT)
-        return Recorded(row.id, Effect.KEPT, None, *to)
-    return Recorded(row.id, Effect.MOVED, Status(row.status), *to)
+    first, to = effect, (row.channel, row.recipient)
+    moved_from: Status | None = None
+    # A concurrent receipt of the same message may move it between the read and the fenced
+    # UPDATE: read it again and plan again, so that the order never decides where it ends.
+    for _ in range(_TRIES):
+        if target is None:
+            break
+        if _move(conn, row, target, receipt.code):
+            moved_from = Status(row.status)
+            break
+        row = conn.execute(_MESSAGE.where(messages_table.c.id == row.id)).one()
+        effect, target = _plan(Status(row.status), receipt.status)
+    else:
+        effect = Effect.KEPT
+    if effect is not first:
+        _mark(conn, stored.id, effect)
+    return Recorded(row.id, effect, moved_from, *to)
 
 
 def apply_waiting(conn: Connection, limit: int = 1000) -> int:
