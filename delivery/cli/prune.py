@@ -32,8 +32,8 @@ __all__ = ["prune_command"]
 @click.option("--dry-run", is_flag=True, help="Count what would be deleted; delete nothing.")
 @click.option("--json", "as_json", is_flag=True, help="One JSON object with the counts.")
 def prune_command(cutoff: dt.datetime, batch: int, dry_run: bool, as_json: bool) -> None:
-    """Delete final messages (sent, dead, unknown, cancelled, expired), their attempts, and
-    audit rows older than the cutoff.
+    """Delete final messages (sent, delivered, undelivered, suppressed, dead, unknown,
+    cancelled, expired), their attempts and receipts, and audit rows older than the cutoff.
 
     Works in batches, committing each; open messages are never deleted.
     """

@@ -19,8 +19,9 @@ __all__ = ["receiver_command"]
 def receiver_command(host: str, port: int, threads: int) -> None:
     """Receive providers' delivery receipts: POST /receipts/PROVIDER.
 
-    Serves every provider whose [providers.NAME] sets receipt_secret_env, on the outbox of the
-    same DELIVERY_* settings as every command. Each receipt is stored before it is answered.
+    Serves every provider whose [providers.NAME] sets receipt_secret_env (kind http) or
+    status_callback_url (kind twilio), on the outbox of the same DELIVERY_* settings as every
+    command. Each receipt is stored before it is answered.
     """
     require_extra("receiver")
     from waitress.server import create_server
