@@ -10,7 +10,7 @@ together (``delivery.transitions.receipts.record``) before the answer. The answe
   stops retrying), which is counted and logged by the provider's reference only;
 - 400: a malformed receipt, naming the field; 403: a missing or wrong signature; nothing is
   written for either;
-- 404: not a provider with receipts (``receipt_secret_env``); 405: not a POST;
+- 404: not a provider with receipts (``delivery.receipts.protocols``); 405: not a POST;
 - 411 / 413: a body without a length / over ``MAX_BODY`` bytes, refused before it is read;
 - 503 with ``Retry-After``: the database did not answer (down, or slower than its short
   timeouts): the provider retries later, and no receipt is acknowledged and lost.
