@@ -221,7 +221,16 @@ ROOMS: dict[str, set[str]] = {
         "runtime",
     },
     "testing": {"config", "core", "outbox", "runtime"},
-    "receipts": {"config", "core", "errors", "guards", "ops", "runtime", "transitions"},
+    "receipts": {
+        "config",
+        "core",
+        "errors",
+        "guards",
+        "ops",
+        "providers",
+        "runtime",
+        "transitions",
+    },
     "cli": {
         "config",
         "console",

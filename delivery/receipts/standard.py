@@ -19,6 +19,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from delivery.core import bounds
 from delivery.errors import ConfigError, InvalidReceipt
+from delivery.providers.webhook import decode_secrets
 from delivery.receipts.fields import KEY_LENGTH, SignatureRefused, text_field
 from delivery.transitions.receipts import RECEIPT_STATUSES, ReceiptEvent
 
@@ -36,18 +37,24 @@ class StandardReceipts:
 
     def __init__(self, provider: str, setting: str, secret: str) -> None:
         self.provider = provider
-        try:
-            self._webhook = Webhook(secret)
-        except Exception:  # a secret that is not base64 after its prefix, or empty
-            raise ConfigError(setting, "is not a whsec_ secret (base64 after 'whsec_')") from None
+        try:  # whsec_ secrets read as the webhook adapter reads its own (several: a rotation)
+            self._webhooks = [Webhook(key) for key in decode_secrets(secret)]
+        except ValueError as exc:
+            raise ConfigError(setting, str(exc)) from None
 
     def read(self, body: bytes, headers: Mapping[str, str], query: str) -> ReceiptEvent:
-        """The receipt in ``body`` once its signature holds (``SignatureRefused`` if not);
-        ``InvalidReceipt`` naming a bad field. ``query`` is not part of this protocol."""
-        try:
-            self._webhook.verify(body, dict(headers), json_parse=False)
-        except WebhookVerificationError as exc:
-            raise SignatureRefused(str(exc)) from None
+        """The receipt in ``body`` once its signature holds for one of the secrets
+        (``SignatureRefused`` if not); ``InvalidReceipt`` naming a bad field. ``query`` is not
+        part of this protocol."""
+        refusals = []
+        for webhook in self._webhooks:
+            try:
+                webhook.verify(body, dict(headers), json_parse=False)
+                break
+            except WebhookVerificationError as exc:
+                refusals.append(str(exc))
+        else:
+            raise SignatureRefused("; ".join(refusals))
         event = text_field(headers.get("webhook-id"), "webhook-id", bounds.REF_LENGTH)
         try:
             data = json.loads(body)

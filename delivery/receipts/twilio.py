@@ -21,24 +21,26 @@ from urllib.parse import parse_qsl
 
 from delivery.core import bounds
 from delivery.errors import InvalidReceipt
+from delivery.providers.twilio_contract import (
+    CANCELED,
+    DELIVERED_STATUSES,
+    FAILED_STATUSES,
+    SUPPRESSING_CODES,
+)
 from delivery.receipts.fields import KEY_LENGTH, SignatureRefused, text_field
 from delivery.transitions.receipts import ReceiptEvent
 
 __all__ = ["STATUSES", "TwilioReceipts", "signature"]
 
-#: Twilio's message statuses as receipt statuses: ``failed`` (never sent) and ``canceled``
-#: end undelivered like ``undelivered``; ``read`` (WhatsApp) implies delivered.
+#: Twilio's message statuses (``twilio_contract``'s vocabulary) as receipt statuses: a failed,
+#: undelivered or canceled message ends undelivered; delivered and read (WhatsApp) delivered;
+#: any other status of a message Twilio has (queued, sending, ...) moves nothing.
 STATUSES = {
-    "accepted": "queued",
-    "scheduled": "queued",
-    "queued": "queued",
-    "sending": "queued",
+    **dict.fromkeys(DELIVERED_STATUSES, "queued"),
     "sent": "sent",
     "delivered": "delivered",
     "read": "delivered",
-    "undelivered": "undelivered",
-    "failed": "undelivered",
-    "canceled": "undelivered",
+    **dict.fromkeys(FAILED_STATUSES | {CANCELED}, "undelivered"),
 }
 
 
@@ -54,9 +56,8 @@ class TwilioReceipts:
     ``status_callback_url``."""
 
     #: The ``ErrorCode`` of an ``undelivered`` receipt that puts its recipient on the
-    #: suppression list: 21610 unsubscribed (STOP), 30003 unreachable, 30005 unknown or
-    #: inactive number, 30006 landline or unreachable carrier.
-    suppressing = frozenset({"21610", "30003", "30005", "30006"})
+    #: suppression list (``twilio_contract.SUPPRESSING_CODES``).
+    suppressing = frozenset(str(code) for code in SUPPRESSING_CODES)
 
     def __init__(self, provider: str, url: str, auth_token: str) -> None:
         self.provider, self._url, self._token = provider, url, auth_token
