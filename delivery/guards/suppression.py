@@ -71,7 +71,10 @@ class Suppressions:
             source=source[:255],
             created_at=utcnow(),
         )
-        return bool(conn.execute(statement.on_conflict_do_nothing()).rowcount)
+        # RETURNING, not rowcount: on PostgreSQL SQLAlchemy adds its own RETURNING to a
+        # one-row insert and the rowcount is then -1, conflict or not.
+        inserted = statement.on_conflict_do_nothing().returning(suppressions_table.c.id)
+        return conn.execute(inserted).first() is not None
 
     def lift(self, conn: Connection, channel: str, recipient: str) -> bool:
         """Take ``recipient`` off ``channel``'s list; False if it was not on it."""
