@@ -27,7 +27,13 @@ from delivery.errors import (
     InvalidMessage,
     MessageNotFound,
 )
-from delivery.observability.events import Transition, add_hook
+from delivery.observability.events import (
+    Outcome,
+    Transition,
+    add_hook,
+    add_outcome_hook,
+    remove_outcome_hook,
+)
 from delivery.outbox.bulk import Enqueued, enqueue_many
 from delivery.outbox.enqueue import EnqueueArgs, enqueue
 from delivery.outbox.keys import agent_key, key
@@ -43,11 +49,13 @@ __all__ = [
     "InvalidMessage",
     "Message",
     "MessageNotFound",
+    "Outcome",
     "Settings",
     "Status",
     "Transition",
     "UnknownPolicy",
     "add_hook",
+    "add_outcome_hook",
     "agent_key",
     "configure",
     "enqueue",
@@ -55,4 +63,5 @@ __all__ = [
     "get_settings",
     "key",
     "load_settings",
+    "remove_outcome_hook",
 ]

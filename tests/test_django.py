@@ -405,6 +405,33 @@ def test_admin_resolve_actions_settle_unknown_messages_only(
     assert [status_of(db, m.key) for m in (first, second, pending)] == ["sent", "dead", "pending"]
 
 
+def test_admin_resolve_as_dead_is_told_to_the_outcome_hooks_at_djangos_commit(
+    admin_client: Client, db: Engine
+) -> None:
+    """The admin's session never commits (Django does): its outcome is told once, by
+    ``transaction.on_commit``, when the new status is already committed."""
+    later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
+    with transaction.atomic():
+        message = enqueue(channel="sms", to="+12015550111", payload={"body": "d"}, send_at=later)
+    with db.begin() as conn:
+        conn.execute(
+            text("UPDATE delivery_messages SET status = 'unknown' WHERE id = :id"),
+            {"id": message.id},
+        )
+    told: list[tuple[delivery.Outcome, str]] = []
+
+    def hook(outcome: delivery.Outcome) -> None:
+        told.append((outcome, status_of(db, outcome.key)))
+
+    delivery.add_outcome_hook(hook)
+    try:
+        data = {"action": "resolve_dead", "_selected_action": [message.id], "index": 0}
+        admin_client.post(ADMIN, data, follow=True)
+    finally:
+        delivery.remove_outcome_hook(hook)
+    assert told == [(delivery.Outcome(message.id, message.key, None, "dead", None), "dead")]
+
+
 def test_admin_actions_need_the_change_permission(db: Engine) -> None:
     """A staff user who may only view messages sees the list but has no action to run."""
     from django.contrib.auth.models import Permission

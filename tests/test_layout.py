@@ -183,7 +183,7 @@ ROOMS: dict[str, set[str]] = {
     "config": {"core", "errors", "providers"},
     "providers": {"config", "core", "errors"},
     "guards": {"config", "core", "observability"},
-    "runtime": {"config", "errors", "guards", "providers"},
+    "runtime": {"config", "errors", "guards", "observability", "providers"},  # outcome hooks
     "observability": {"core", "guards", "ops"},  # metrics read the ops' queries
     "transitions": {"config", "core", "observability"},
     "outbox": {

@@ -30,11 +30,13 @@ def test_public_api_is_pinned_and_sorted() -> None:
         "InvalidMessage",
         "Message",
         "MessageNotFound",
+        "Outcome",
         "Settings",
         "Status",
         "Transition",
         "UnknownPolicy",
         "add_hook",
+        "add_outcome_hook",
         "agent_key",
         "configure",
         "enqueue",
@@ -42,6 +44,7 @@ def test_public_api_is_pinned_and_sorted() -> None:
         "get_settings",
         "key",
         "load_settings",
+        "remove_outcome_hook",
     ]
 
 

@@ -9,6 +9,7 @@ import click
 
 from delivery.cli.common import binding, host_port_options, require_extra
 from delivery.config.loading import load_settings
+from delivery.runtime.hooks import use_outcome_hooks
 
 __all__ = ["console_command"]
 
@@ -28,7 +29,9 @@ def console_command(host: str, port: int) -> None:
     from delivery.console.server import make_console_server, serve
 
     users = parse_users(os.environ)
-    app = create_app(settings=load_settings(), users=users)
+    settings = load_settings()
+    use_outcome_hooks(settings)  # a resolve to dead is told to the app's outcome hooks
+    app = create_app(settings=settings, users=users)
     with binding(host, port):
         server = make_console_server(app, host, port)
     serve(

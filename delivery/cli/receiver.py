@@ -7,6 +7,7 @@ import click
 
 from delivery.cli.common import binding, host_port_options, require_extra
 from delivery.config.loading import load_settings
+from delivery.runtime.hooks import use_outcome_hooks
 
 __all__ = ["receiver_command"]
 
@@ -28,7 +29,9 @@ def receiver_command(host: str, port: int, threads: int) -> None:
 
     from delivery.receipts import make_receiver
 
-    app = make_receiver(load_settings())
+    settings = load_settings()
+    use_outcome_hooks(settings)  # delivered, undelivered: told to the app's outcome hooks
+    app = make_receiver(settings)
     with binding(host, port):
         server = create_server(app, host=host, port=port, threads=threads, ident="delivery")
     # One address (--host names one): a TcpWSGIServer, bound to the port it reports.

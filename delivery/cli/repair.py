@@ -20,7 +20,9 @@ from delivery.cli.common import (
     progress_bar,
     since_option,
 )
+from delivery.config.loading import load_settings
 from delivery.errors import MessageNotFound
+from delivery.runtime.hooks import use_outcome_hooks
 
 __all__ = ["cancel_command", "redrive_command", "resolve_command"]
 
@@ -159,7 +161,9 @@ def resolve_command(ref: str, to_status: str, as_json: bool) -> None:
 
     Exits 1 if the message is not unknown.
     """
-    with open_session() as session:
+    settings = load_settings()
+    use_outcome_hooks(settings)  # a resolve to dead is told to the app's outcome hooks
+    with open_session(settings) as session:
         result = ops.resolve(session, ref, to_status, actor=ops.cli_actor())
         session.commit()
     if as_json:

@@ -57,6 +57,7 @@ def settings_from_mapping(
 
     config = parse(data)
     tuning = config.delivery.model_dump()
+    tuning["outcome_hooks"] = tuple(tuning["outcome_hooks"])
     if tuning["hold_lease"] >= tuning["send_lease"]:  # a short send_lease, hold_lease not set
         tuning["hold_lease"] = tuning["send_lease"] / 2
     return Settings(

@@ -12,6 +12,7 @@ Schema (``delivery config schema``) lists the built-in adapters' keys. Defaults 
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Annotated, Any, Self
@@ -66,6 +67,12 @@ Seconds = Annotated[float, Field(ge=0.001)]
 Name = Annotated[str, Field(min_length=1)]
 Url = Annotated[str, AfterValidator(_http_url), Field(json_schema_extra={"pattern": "^https?://"})]
 Policy = Annotated[UnknownPolicy, Field(strict=False)]  # TOML gives the value, not the member
+#: ``package.module:function`` (the function may be an attribute path: ``module:Class.method``).
+HOOK_PATTERN = r"^[A-Za-z_]\w*(\.[A-Za-z_]\w*)*:[A-Za-z_]\w*(\.[A-Za-z_]\w*)*$"
+HookNames = Annotated[
+    list[str],
+    Field(strict=False, json_schema_extra={"items": {"type": "string", "pattern": HOOK_PATTERN}}),
+]  # strict=False: a framework's DELIVERY_OPTIONS may give a tuple
 
 
 class Table(BaseModel):
@@ -102,6 +109,15 @@ class Tuning(Table):
     batch_size: Count = _SETTINGS.batch_size
     send_concurrency: Count = _SETTINGS.send_concurrency
     suppression_secret_env: Name = _SETTINGS.suppression_secret_env
+    outcome_hooks: HookNames = []
+
+    @model_validator(mode="after")
+    def _hook_names(self) -> Self:
+        for name in self.outcome_hooks:
+            if not re.fullmatch(HOOK_PATTERN, name):
+                problem = f"{name!r} is not 'package.module:function'"
+                raise Invalid("outcome_hooks", problem)
+        return self
 
     @model_validator(mode="after")
     def _leases(self) -> Self:

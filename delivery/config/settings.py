@@ -154,6 +154,10 @@ class Settings:
     #: The environment variable holding the suppression list's secret (its recipients are
     #: kept as keyed hashes); unset, there is no suppression list.
     suppression_secret_env: str = "DELIVERY_SUPPRESSION_SECRET"
+    #: The app's outcome hooks, ``"package.module:function"`` each, that the processes the app
+    #: does not start itself (worker, beat, ``delivery receiver``, ...) import and register
+    #: (``delivery.runtime.hooks``).
+    outcome_hooks: tuple[str, ...] = ()
     home: str = DEFAULT_HOME
 
     def channel(self, name: str) -> ChannelConfig | None:

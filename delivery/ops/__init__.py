@@ -5,7 +5,8 @@ call these). Every function takes a SQLAlchemy ``Session`` and never commits: th
 - ``inspect``: read only: counts, ages and rates; one message and its attempt log; JSON views
   with the recipient masked.
 - ``repair``: ``redrive``, ``resolve``, ``cancel``: each one conditional UPDATE on the
-  expected status that emits a ``Transition``.
+  expected status that emits a ``Transition`` (an outcome for the app's hooks is told at the
+  session's commit; ``take_outcomes`` for a session that never commits itself).
 - ``prune``: delete final messages and their attempts in batches, never an open one.
 - ``audit``: one row per operator action (repairs, reveals, breaker resets) with its actor.
 - ``search``: the console's message search (keyset pages on indexed columns).
@@ -58,6 +59,7 @@ from delivery.ops.repair import (
     redrive,
     redrive_ids,
     resolve,
+    take_outcomes,
 )
 from delivery.ops.search import MessageFilter, Page, matching_ids, parse_filter, search
 from delivery.ops.series import Series, series
@@ -106,5 +108,6 @@ __all__ = [
     "show",
     "stats",
     "stats_by_provider",
+    "take_outcomes",
     "timeline",
 ]

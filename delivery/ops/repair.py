@@ -7,7 +7,9 @@ transaction, and the caller commits.
 
 - ``redrive``: ``dead`` or ``unknown`` back to ``pending`` with the same key and a fresh budget
   of attempts; an ``unknown`` one may have been delivered, so it gets ``needs_lookup``.
-- ``resolve``: an ``unknown`` message is declared ``sent`` or ``dead`` after a human checked.
+- ``resolve``: an ``unknown`` message is declared ``sent`` or ``dead`` after a human checked;
+  a ``dead`` one is told to the app's outcome hooks at the session's commit
+  (``take_outcomes``: for a session that never commits itself).
 - ``cancel``: ``pending`` -> ``cancelled``; once dispatched it is too late.
 """
 
@@ -24,7 +26,7 @@ from delivery.core.status import Status
 from delivery.ops.audit import DEFAULT_ACTOR, record
 from delivery.ops.inspect import find
 from delivery.transitions import repair as transitions
-from delivery.transitions.repair import REDRIVABLE, RESOLVABLE
+from delivery.transitions.repair import REDRIVABLE, RESOLVABLE, take_outcomes
 
 __all__ = [
     "REDRIVABLE",
@@ -36,6 +38,7 @@ __all__ = [
     "redrive",
     "redrive_ids",
     "resolve",
+    "take_outcomes",
 ]
 
 

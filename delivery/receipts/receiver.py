@@ -42,6 +42,7 @@ from delivery.ops.audit import record as audit
 from delivery.receipts.fields import SignatureRefused
 from delivery.receipts.protocols import ReceiptProtocol, protocols
 from delivery.runtime.db import check_outbox, make_engine
+from delivery.transitions import tell_outcomes_after
 from delivery.transitions.receipts import ReceiptEvent, Recorded, record
 
 __all__ = ["MAX_BODY", "RETRY_AFTER", "Answer", "Receiver", "Request", "make_receiver"]
@@ -209,7 +210,7 @@ class Receiver:
     def _store(self, receipt: ReceiptEvent) -> bool:
         """Store ``receipt`` and make its move; False if no message has its key. A receipt
         that resolves an ``unknown`` message is audited as the receipt's doing."""
-        with self.engine.begin() as conn:
+        with tell_outcomes_after(), self.engine.begin() as conn:
             done = record(conn, receipt)
             self._suppress(conn, receipt, done)
             if done.moved_from is Status.UNKNOWN and done.message_id is not None:

@@ -10,7 +10,9 @@
 - ``pending`` or ``dispatched`` past its time-to-live (``expires_at``): ``expired``, never sent
   late.
 - A delivery receipt that arrived before its message's worker recorded it ``sent`` waits
-  (``delivery.transitions.receipts``); each pass applies those whose message has moved on.
+  (``delivery.transitions.receipts``); each pass applies those whose message has moved on
+  (the ``delivered`` or ``undelivered`` it makes is told to the app's outcome hooks once that
+  transaction committed: ``tell_outcomes_after``).
 
 Every change is a transition of ``delivery.transitions.recovery`` (``expire`` and
 ``requeue`` for every row that matches, ``recover`` for one send), which says why its fence
@@ -28,6 +30,7 @@ from delivery.core.clock import db_now
 from delivery.core.models import messages_table
 from delivery.core.policies import UnknownPolicy
 from delivery.core.status import Status
+from delivery.transitions import tell_outcomes_after
 from delivery.transitions.receipts import apply_waiting
 from delivery.transitions.recovery import LEASE_EXPIRED, expire, recover, requeue
 
@@ -65,7 +68,7 @@ def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) 
         values: dict[str, object] = dict(lease_expires_at=None, updated_at=now, last_error=_LOST)
         if not give_up:
             values.update(next_attempt_at=now, needs_lookup=policy is UnknownPolicy.LOOKUP)
-        with engine.begin() as conn:
+        with tell_outcomes_after(), engine.begin() as conn:
             target = Status.UNKNOWN if give_up else Status.PENDING
             if not recover(conn, row, target, now, values):
                 continue
@@ -73,6 +76,6 @@ def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) 
             unknown += 1
         else:
             recovered += 1
-    with engine.begin() as conn:
+    with tell_outcomes_after(), engine.begin() as conn:
         receipts = apply_waiting(conn, limit)
     return SweepReport(requeued, recovered, unknown, expired, receipts)

@@ -7,7 +7,10 @@
   ``DELIVERY_DATABASE_URL``).
 - ``service``: ``Service``, what one worker or relay holds: the engine, one pooled client per
   provider, the circuit breakers and the rate limits.
+- ``hooks``: the app's outcome hooks named in the settings (``[delivery] outcome_hooks``),
+  imported and registered in the processes the app does not start itself.
 
-May import: ``delivery.config``, ``delivery.providers`` and ``delivery.guards``; never the
-pipeline (the pipeline is handed a ``Service``) and never Celery.
+May import: ``delivery.config``, ``delivery.providers``, ``delivery.guards`` and
+``delivery.observability.events`` (to register the outcome hooks); never the pipeline (the
+pipeline is handed a ``Service``) and never Celery.
 """

@@ -17,6 +17,7 @@ from delivery.guards.redis_client import redis_client
 from delivery.guards.suppression import Suppressions
 from delivery.providers import Provider, build_provider
 from delivery.runtime.db import make_engine, make_sessionmaker
+from delivery.runtime.hooks import use_outcome_hooks
 
 __all__ = ["Service"]
 
@@ -39,6 +40,10 @@ class Service:
 
     @classmethod
     def from_settings(cls, settings: Settings) -> Service:
+        """The service of ``settings``; the app's outcome hooks they name are registered in
+        this process (``delivery.runtime.hooks``: a ``ConfigError`` for a name that does not
+        import)."""
+        use_outcome_hooks(settings)
         engine = make_engine(settings.database_url)
         return cls(settings, engine, make_sessionmaker(engine))
 

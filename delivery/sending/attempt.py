@@ -43,7 +43,7 @@ from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
 from delivery.sending.settle import Sent, after_lookup, probe_wait
-from delivery.transitions import Action, Result, Sending
+from delivery.transitions import Action, Result, Sending, tell_outcomes_after
 from delivery.transitions.recovery import EXPIRED
 from delivery.transitions.worker import Leave, extend_lease, give_back, leave, take
 
@@ -270,6 +270,7 @@ def _in_flight(service: Service, row: Row[Any], number: int) -> Sending:
         kind.backoff if kind is not None and kind.backoff else service.settings.backoff,
         row.created_at,
         getattr(service.provider(row.provider), "in_progress_wait", None),
+        row.message_type,
     )
 
 
@@ -293,8 +294,10 @@ def _not_sent(
     service: Service, entry: Entry, why: Leave, result: Result, due: dt.datetime | None = None
 ) -> Result:
     """``entry`` leaves for ``why.to`` without a call (``leave``; ``give_back`` if taken ahead),
-    due at ``due`` if given: ``result``, or ``_TAKEN`` if someone else moved it first."""
-    with service.autocommit.connect() as conn:
+    due at ``due`` if given: ``result``, or ``_TAKEN`` if someone else moved it first. Its one
+    statement has committed when it returns (autocommit): a ``suppressed`` or ``dead`` end is
+    told to the app's outcome hooks as the block ends."""
+    with tell_outcomes_after(), service.autocommit.connect() as conn:
         if isinstance(entry, Taken):
             assert due is not None, "a row given back is due again"
             moved = give_back(conn, entry.msg, why, due)

@@ -18,7 +18,9 @@ gives its attempt back (docs/concepts.md, "Circuit breaker").
 ``after_lookup`` does the same for a lookup: ``Found`` -> ``sent``; ``Absent`` -> renew the
 lease, fenced on this attempt, and go on and send; ``LookupFailed`` -> wait and look again
 (``unknown`` once the attempts are spent); ``Undeliverable`` -> ``dead`` with the provider's
-code. Every move is a transition of ``delivery.transitions.worker``.
+code. Every move is a transition of ``delivery.transitions.worker``; a message that ends
+``dead`` is told to the app's outcome hooks once its transaction committed
+(``tell_outcomes_after``).
 """
 
 from __future__ import annotations
@@ -37,7 +39,14 @@ from delivery.core.policies import UnknownPolicy
 from delivery.core.status import Status
 from delivery.guards.breaker import Recorded
 from delivery.runtime.service import Service
-from delivery.transitions import Action, Failure, Result, Sending, in_progress
+from delivery.transitions import (
+    Action,
+    Failure,
+    Result,
+    Sending,
+    in_progress,
+    tell_outcomes_after,
+)
 from delivery.transitions.attempts import log_attempt, ms_since
 from delivery.transitions.worker import Accepted, finish_sent, park, renew, stop
 
@@ -64,7 +73,7 @@ def after_lookup(
     """Apply a lookup's answer; ``None`` means the key is absent: go on and send."""
     if isinstance(found, outcomes.Found):
         return _sent(service, [(msg, "lookup", found, ms_since(started))])[msg.id]
-    with service.engine.begin() as conn:
+    with tell_outcomes_after(), service.engine.begin() as conn:
         log_attempt(conn, msg, "lookup", found, started)
         match found:
             case outcomes.Absent():
@@ -134,7 +143,7 @@ def after_send(
 
 def _after_failure(service: Service, call: Sent) -> Result:
     msg, outcome, breaker = call.msg, call.outcome, call.breaker
-    with service.engine.begin() as conn:
+    with tell_outcomes_after(), service.engine.begin() as conn:
         log_attempt(conn, msg, "send", outcome, call.started)
         match outcome:
             case outcomes.Permanent(code=code, reason=reason):

@@ -23,11 +23,19 @@ relay's claim (``relay``), the sweeper's moves of every row past its lease or ti
 - ``receipts``: a provider's delivery receipt recorded, and its move (``sent`` or ``unknown``
   -> ``delivered`` or ``undelivered``); the sweeper applies the ones that waited.
 
+A message that ends ``delivered``, ``undelivered``, ``suppressed`` or ``dead`` is told to the
+app's outcome hooks (``delivery.observability.events.add_outcome_hook``) only once its change
+is committed: every caller that opens a transaction (or an autocommit connection) in which one
+of these can happen opens ``tell_outcomes_after()`` around it, outside it (``with
+tell_outcomes_after(), engine.begin() as conn:``); ``repair``'s moves, made in the caller's
+``Session``, are told at that session's commit.
+
 May import: ``delivery.config``, ``delivery.observability.events`` and the pipeline's shared
 vocabulary (``models``, ``status``, ``outcomes``, ``policies``, ``clock``); never the modules
 that call in here (``sender``, ``attempt``, ``settle``, ``relay``, ``sweeper``, ``delivery.ops``).
 """
 
+from delivery.observability.events import tell_outcomes_after
 from delivery.transitions.vocabulary import (
     IN_PROGRESS,
     Action,
@@ -37,4 +45,12 @@ from delivery.transitions.vocabulary import (
     in_progress,
 )
 
-__all__ = ["IN_PROGRESS", "Action", "Failure", "Result", "Sending", "in_progress"]
+__all__ = [
+    "IN_PROGRESS",
+    "Action",
+    "Failure",
+    "Result",
+    "Sending",
+    "in_progress",
+    "tell_outcomes_after",
+]

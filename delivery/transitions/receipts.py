@@ -75,6 +75,7 @@ _MESSAGE = select(
     messages_table.c.status,
     messages_table.c.channel,
     messages_table.c.recipient,
+    messages_table.c.message_type,
 )
 _TRIES = 3  # plans of one receipt's move, when concurrent receipts move its message first
 _MOVE = (

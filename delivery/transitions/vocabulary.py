@@ -57,6 +57,8 @@ class Sending:
     enqueued_at: dt.datetime
     in_progress_wait: float | None = None
     """How long the provider may take on a key (its own budget), waited out on a 409."""
+    message_type: str | None = None
+    """Its type (``enqueue(type=...)``), for the app's ``Outcome``; None without one."""
 
 
 @dataclass(frozen=True, slots=True)

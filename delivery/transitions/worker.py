@@ -165,6 +165,7 @@ def leave(conn: Connection, row: Row[Any], why: Leave, **values: object) -> bool
             why.outcome,
             why.code,
             why.delay,
+            message_type=getattr(row, "message_type", None),
         )
     )
     return True
@@ -231,6 +232,7 @@ def _announce(msg: Sending, to: Status, event: _Event) -> None:
             event.code,
             event.delay,
             msg.enqueued_at if to is Status.SENT else None,
+            msg.message_type,
         )
     )
 

@@ -1,7 +1,8 @@
 """The Celery application object, configured from ``delivery`` settings on first use.
 
 Worker and beat refuse to start broken (``worker_init``, ``beat_init``): before either serves
-anything it checks the provider secrets (worker), that the outbox answers and is at this
+anything it checks the provider secrets (worker) and the app's outcome hooks (``[delivery]
+outcome_hooks``: each must import), that the outbox answers and is at this
 package's schema revision (``delivery.runtime.db.check_outbox``, naming
 ``DELIVERY_DATABASE_URL`` and ``delivery db upgrade``) and that the broker answers (naming
 ``DELIVERY_BROKER_URL``), and otherwise exits with status 1 and one line on stderr
@@ -24,6 +25,7 @@ from delivery.errors import ConfigError
 from delivery.providers.secrets import check_secrets
 from delivery.runtime.current import get_settings
 from delivery.runtime.db import check_outbox
+from delivery.runtime.hooks import use_outcome_hooks
 from delivery.runtime.service import Service
 from delivery.worker import filebroker
 
@@ -158,11 +160,13 @@ def _refuse(process: str, exc: ConfigError) -> None:
 @worker_init.connect  # type: ignore[untyped-decorator]
 def _check_worker(**_: Any) -> None:
     """A worker does not start without every provider's secrets (a missing one would kill
-    every message at send time; the dotted key and variable name, never a value), an outbox at
-    this package's schema revision, or a broker that answers."""
+    every message at send time; the dotted key and variable name, never a value), the app's
+    outcome hooks (``[delivery] outcome_hooks``, registered here, before the pool forks), an
+    outbox at this package's schema revision, or a broker that answers."""
     try:
         settings = get_settings()
         check_secrets(settings)
+        use_outcome_hooks(settings)
         check_outbox(settings.database_url, timeout=START_TIMEOUT)
         check_broker()
     except ConfigError as exc:
@@ -172,10 +176,12 @@ def _check_worker(**_: Any) -> None:
 @beat_init.connect  # type: ignore[untyped-decorator]
 def _check_beat(**_: Any) -> None:
     """Beat does not start its relay and sweeper (``delivery.worker.schedule``, whose own
-    ``beat_init`` receiver is connected after this one) without an outbox at this package's
-    schema revision and a broker that answers."""
+    ``beat_init`` receiver is connected after this one) without the app's outcome hooks (the
+    sweeper applies receipts), an outbox at this package's schema revision and a broker that
+    answers."""
     try:
         settings = get_settings()
+        use_outcome_hooks(settings)
         check_outbox(settings.database_url, timeout=START_TIMEOUT)
         check_broker()
     except ConfigError as exc:

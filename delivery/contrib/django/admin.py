@@ -26,7 +26,7 @@ from delivery.contrib.django.connection import borrowed_session
 from delivery.contrib.django.models import Attempt, Message
 from delivery.contrib.nudge import nudge_after_commit
 from delivery.core.status import Status
-from delivery.observability.events import mask
+from delivery.observability.events import mask, tell_outcomes
 from delivery.outbox.validation import canonical_json
 
 __all__ = ["AttemptInline", "MessageAdmin", "cancel", "redrive", "resolve_dead", "resolve_sent"]
@@ -61,6 +61,11 @@ def _apply(
     keys = list(queryset.values_list("key", flat=True))
     with transaction.atomic(using=using), borrowed_session(using) as session:
         results = list(run(session, keys, _actor(request)))
+        # Django commits this session's work: its outcomes are told at Django's commit.
+        told = ops.take_outcomes(session)
+        if told:
+            tell = functools.partial(tell_outcomes, told)
+            transaction.on_commit(tell, using=using, robust=True)
     done = sum(1 for _, applied, _ in results if applied)
     if done:
         modeladmin.message_user(request, f"{verb[0]} {done} message(s).", messages.SUCCESS)
