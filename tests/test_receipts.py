@@ -29,8 +29,11 @@ from delivery.receipts import MAX_BODY, Receiver, make_receiver
 from delivery.receipts.standard import StandardReceipts
 from delivery.relay.sweeper import sweep
 from delivery.runtime.db import make_engine
-from delivery.transitions.receipts import Effect, ReceiptEvent, record
+from delivery.transitions.receipts import Effect, ReceiptEvent, record, record_many
 from tests.factories import add
+from tests.fence_kit import fence_db, fence_engine
+
+__all__ = ["fence_db", "fence_engine"]  # fixtures, used by name
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 SIGNER = Webhook(SECRET)
@@ -41,32 +44,92 @@ def event(key: str, status: str, name: str | None = None) -> ReceiptEvent:
     return ReceiptEvent("stub", name or f"evt_{uuid.uuid4().hex}", key, status)
 
 
-def recorded(session: Session, receipts: Sequence[ReceiptEvent]) -> str:
-    """Record ``receipts`` in order, each in its own transaction; the message's status."""
-    for receipt in receipts:
-        record(session.connection(), receipt)
+def recorded(session: Session, receipts: Sequence[ReceiptEvent], together: bool = False) -> str:
+    """Record ``receipts`` in order, each in its own transaction (``together``: all in one
+    ``record_many``, as the receiver's group commit does); the message's status."""
+    for batch in [receipts] if together else [[r] for r in receipts]:
+        record_many(session.connection(), batch)
         session.commit()
     message = session.scalars(select(Message).where(Message.key == receipts[0].key)).one()
     return message.status
 
 
-def test_every_order_of_the_same_receipts_ends_in_the_same_status(session: Session) -> None:
+@pytest.fixture(params=["sqlite", "postgresql"])
+def outbox(request: pytest.FixtureRequest) -> Iterator[Session]:
+    """A session on a SQLite outbox, or on PostgreSQL's (where a batch's rows are written by
+    one statement each, ``unnest``)."""
+    if request.param == "sqlite":
+        yield request.getfixturevalue("session")
+        return
+    with Session(request.getfixturevalue("fence_db")) as session:
+        yield session
+
+
+def test_every_order_of_the_same_receipts_ends_in_the_same_status(outbox: Session) -> None:
     """A sent message given sent, undelivered, delivered and a duplicate of one of them, in
-    every one of the 24 orders, ends delivered; without the delivered one, undelivered; and
-    only one row is stored per event."""
-    for with_delivered in (True, False):
+    every one of the 24 orders, one by one or in one batch, ends delivered; without the
+    delivered one, undelivered; and only one row is stored per event."""
+    session = outbox
+    for with_delivered, together in itertools.product((True, False), (False, True)):
         for n, order in enumerate(itertools.permutations(range(4))):
-            key = f"perm-{with_delivered}-{n}"
+            key = f"perm-{with_delivered}-{together}-{n}"
             add(session, key, "sent")
             final = event(key, "delivered" if with_delivered else "undelivered", f"f-{key}")
             pool = [event(key, "sent"), event(key, "undelivered"), final, final]
-            assert recorded(session, [pool[i] for i in order]) == (
+            assert recorded(session, [pool[i] for i in order], together) == (
                 "delivered" if with_delivered else "undelivered"
-            ), order
+            ), (order, together)
             stored = session.scalar(
                 select(func.count()).select_from(Receipt).join(Message).where(Message.key == key)
             )
             assert stored == 3
+
+
+def test_a_batch_says_what_each_of_its_receipts_did_in_order(outbox: Session) -> None:
+    """One ``record_many`` over several messages: a result per receipt in the order given
+    (an unknown key, a key of another provider, a duplicate inside the batch and one stored
+    before), each message's receipts applied in order, the delivery's lag measured; a
+    message moved twice in the batch (sent -> undelivered -> delivered) ends where its last
+    move took it, and an unknown one loses its lookup flag."""
+    session = outbox
+    add(session, "b-1", "sent", sent_at=dt.datetime.now(dt.UTC) - dt.timedelta(seconds=30))
+    add(session, "b-2", "sent")
+    add(session, "b-3", "unknown", needs_lookup=True)
+    old = event("b-2", "sent", "old")
+    record(session.connection(), old)
+    dup = event("b-1", "undelivered", "dup")
+    batch = [
+        event("b-1", "sent"),
+        dup,
+        event("nobody", "delivered"),
+        ReceiptEvent("other", "e-other", "b-2", "delivered"),
+        old,
+        dup,
+        event("b-1", "delivered"),
+        event("b-3", "undelivered"),
+    ]
+    done = record_many(session.connection(), batch)
+    session.commit()
+    assert [(r.effect, r.moved_from) for r in done] == [
+        (Effect.KEPT, None),
+        (Effect.MOVED, Status.SENT),
+        (None, None),
+        (None, None),
+        (None, None),
+        (None, None),
+        (Effect.MOVED, Status.UNDELIVERED),
+        (Effect.MOVED, Status.UNKNOWN),
+    ]
+    assert [r.message_id is None for r in done] == [False, False, True, True] + [False] * 4
+    lag = done[6].lag
+    assert lag is not None and 29 <= lag <= 60, lag
+    assert done[1].lag is None
+    statuses = dict(session.execute(select(Message.key, Message.status)).all())
+    assert statuses == {"b-1": "delivered", "b-2": "sent", "b-3": "undelivered"}
+    assert session.scalar(select(Message.needs_lookup).where(Message.key == "b-3")) is False
+    assert session.scalar(select(func.count()).select_from(Receipt)) == 5
+    effects = dict(session.execute(select(Receipt.event, Receipt.effect)).all())
+    assert effects["dup"] == "moved" and effects["old"] == "kept"
 
 
 def test_nothing_moves_a_message_backwards(session: Session) -> None:

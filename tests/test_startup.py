@@ -139,7 +139,7 @@ NEEDS_EXTRA = [
     (["console"], "console", "flask"),
     (["demo", "--console", "--count", "2"], "console", "flask"),
     (["flower"], "flower", "flower"),
-    (["receiver"], "receiver", "waitress"),
+    (["receiver"], "receiver", "granian"),
 ]
 
 

@@ -77,7 +77,7 @@ class DeliveryGroup(click.Group):
 
 
 #: Each pip extra a command needs -> the modules it installs that the command imports.
-EXTRAS = {"console": ("flask",), "flower": ("flower",), "receiver": ("waitress",)}
+EXTRAS = {"console": ("flask",), "flower": ("flower",), "receiver": ("granian",)}
 
 
 @contextmanager

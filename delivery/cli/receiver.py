@@ -1,7 +1,11 @@
-"""``delivery receiver``: serve the receipt receiver (``delivery.receipts``) with waitress, a
-production WSGI server; it refuses to start broken (exit 2, one line naming the setting)."""
+"""``delivery receiver``: serve the receipt receiver (``delivery.receipts``) with Granian, a
+production server (HTTP in Rust, the WSGI app in a pool of Python threads); it refuses to
+start broken (exit 2, one line naming the setting)."""
 
 from __future__ import annotations
+
+import socket
+from typing import TYPE_CHECKING
 
 import click
 
@@ -9,13 +13,20 @@ from delivery.cli.common import binding, host_port_options, require_extra
 from delivery.config.loading import load_settings
 from delivery.runtime.hooks import use_outcome_hooks
 
-__all__ = ["receiver_command"]
+if TYPE_CHECKING:
+    from delivery.receipts import Receiver
+
+__all__ = ["receiver_command", "serving"]
 
 
 @click.command("receiver")
 @host_port_options(8026)
 @click.option(
-    "--threads", type=click.IntRange(1, 64), default=8, show_default=True, help="Worker threads."
+    "--threads",
+    type=click.IntRange(1, 256),
+    default=32,
+    show_default=True,
+    help="Threads that run the app: receipts in flight at once, stored together.",
 )
 def receiver_command(host: str, port: int, threads: int) -> None:
     """Receive providers' delivery receipts: POST /receipts/PROVIDER.
@@ -25,25 +36,34 @@ def receiver_command(host: str, port: int, threads: int) -> None:
     command. Each receipt is stored before it is answered.
     """
     require_extra("receiver")
-    from waitress.server import create_server
+    from granian import Granian
+    from granian.constants import Interfaces
 
+    checked = serving()  # refuses to start broken, before anything listens
+    names = ", ".join(sorted(checked.checks))
+    checked.engine.dispose()  # the worker process builds its own (``serving``)
+    with binding(host, port), socket.create_server((host, port)) as probe:
+        port = probe.getsockname()[1]  # free; 0 -> one the system chose
+    server = Granian(
+        f"{__name__}:serving",
+        factory=True,
+        address=host,
+        port=port,
+        interface=Interfaces.WSGI,
+        workers=1,  # one process: its /metrics counts every receipt
+        blocking_threads=threads,
+    )
+    line = f"delivery receiver on http://{host}:{port}/receipts/ ({names}); Ctrl-C stops it"
+    server.on_startup(lambda: click.echo(line, err=True))  # listening: requests wait for it
+    server.serve()
+
+
+def serving() -> Receiver:
+    """The receiver of this process's settings, the app's outcome hooks registered (its
+    receipts move messages to ``delivered`` and ``undelivered``): what Granian's worker
+    serves, and what the command checks before it starts."""
     from delivery.receipts import make_receiver
 
     settings = load_settings()
-    use_outcome_hooks(settings)  # delivered, undelivered: told to the app's outcome hooks
-    app = make_receiver(settings)
-    with binding(host, port):
-        server = create_server(app, host=host, port=port, threads=threads, ident="delivery")
-    # One address (--host names one): a TcpWSGIServer, bound to the port it reports.
-    bound = getattr(server, "effective_port", port)
-    names = ", ".join(sorted(app.checks))
-    click.echo(
-        f"delivery receiver on http://{host}:{bound}/receipts/ ({names}); Ctrl-C stops it",
-        err=True,
-    )
-    try:
-        server.run()
-    except KeyboardInterrupt:
-        pass
-    finally:
-        server.close()
+    use_outcome_hooks(settings)
+    return make_receiver(settings)

@@ -7,7 +7,9 @@
 - ``fields``: what they share (a refused signature, a checked text field);
 - ``receiver``: the WSGI app ``POST /receipts/{provider}`` that stores each receipt before it
   answers, and sheds load with 503 when the database does not answer (``delivery receiver``
-  serves it).
+  serves it);
+- ``group_commit``: the receipts that arrive together stored in one transaction, by one
+  writer thread.
 
 Storing a receipt and the move it makes is the status room's (``delivery.transitions.receipts``).
 

@@ -1,10 +1,11 @@
 """The receipt receiver: a WSGI app for ``POST /receipts/{provider}`` (docs/operations.md,
-"The receipt receiver"). It has no framework: ``delivery receiver`` serves it with waitress;
+"The receipt receiver"). It has no framework: ``delivery receiver`` serves it with Granian;
 ``respond`` is its one answer to a request, which the Flask blueprint and the Django view of
 ``delivery.contrib`` call too.
 
 A receipt is acknowledged (200) only once it is stored: its row and its message's move commit
-together (``delivery.transitions.receipts.record``) before the answer. The answers:
+together (``delivery.transitions.receipts.record_many``) before the answer, in one transaction
+with the other receipts that arrived meanwhile (``group_commit``). The answers:
 
 - 200: stored (a duplicate too); also a receipt for a message we do not know (so the provider
   stops retrying), which is counted and logged by the provider's reference only;
@@ -16,18 +17,20 @@ together (``delivery.transitions.receipts.record``) before the answer. The answe
   timeouts): the provider retries later, and no receipt is acknowledged and lost.
 
 ``GET /metrics`` serves its counters for Prometheus: ``delivery_receipts_total{provider,
-status}`` (stored, duplicates aside) and ``delivery_receipts_refused_total{provider,answer}``.
+status}`` (stored, duplicates aside), ``delivery_receipts_refused_total{provider,answer}`` and
+the histogram ``delivery_receipt_lag_seconds{provider}`` (accept -> delivered, for the
+receipts that moved a message to ``delivered`` here).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
-from prometheus_client import CollectorRegistry, Counter, make_wsgi_app
+from prometheus_client import CollectorRegistry, Counter, Histogram, make_wsgi_app
 from sqlalchemy import Connection, Engine, make_url
 from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session
@@ -40,10 +43,11 @@ from delivery.errors import ConfigError, InvalidReceipt
 from delivery.guards.suppression import Suppressions
 from delivery.ops.audit import record as audit
 from delivery.receipts.fields import SignatureRefused
+from delivery.receipts.group_commit import GroupCommit
 from delivery.receipts.protocols import ReceiptProtocol, protocols
 from delivery.runtime.db import check_outbox, make_engine
 from delivery.transitions import tell_outcomes_after
-from delivery.transitions.receipts import ReceiptEvent, Recorded, record
+from delivery.transitions.receipts import ReceiptEvent, Recorded, record_many
 
 __all__ = ["MAX_BODY", "RETRY_AFTER", "Answer", "Receiver", "Request", "make_receiver"]
 
@@ -55,6 +59,11 @@ RETRY_AFTER = 5
 """Seconds a provider is asked to wait when the database does not answer."""
 DB_WAIT = 2.0
 """Seconds the receiver waits on the database (connect, a statement, a pooled connection)."""
+STORE_WAIT = 3 * DB_WAIT
+"""Seconds a request waits for its receipt's batch to be stored before it answers 503."""
+LAG_BUCKETS = (1, 2, 5, 10, 30, 60, 120, 300, 600, 1800, 3600, 6 * 3600, 24 * 3600)
+"""``delivery_receipt_lag_seconds``' buckets: an SMS is delivered in seconds, an email's
+receipt may take hours."""
 _PREFIX = "/receipts/"
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
@@ -138,7 +147,15 @@ class Receiver:
             ["provider", "answer"],
             registry=self.registry,
         )
+        self.lag = Histogram(
+            "delivery_receipt_lag_seconds",
+            "Seconds from the provider's accept to its delivered receipt",
+            ["provider"],
+            buckets=LAG_BUCKETS,
+            registry=self.registry,
+        )
         self._metrics = make_wsgi_app(self.registry)
+        self._commits = GroupCommit(self._store_batch)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
         path = environ.get("PATH_INFO", "")
@@ -192,7 +209,7 @@ class Receiver:
             return Answer(answer.status, {**answer.body, "field": exc.field}, (), answer.counted)
         try:
             known = self._store(receipt)
-        except SQLAlchemyError as exc:
+        except (SQLAlchemyError, TimeoutError) as exc:
             problem = type(exc).__name__
             log.warning("receipt %s of %s not stored: %s", receipt.event, provider, problem)
             retry = ("Retry-After", str(RETRY_AFTER))
@@ -208,24 +225,13 @@ class Receiver:
         return Answer("200 OK", {"ok": True})
 
     def _store(self, receipt: ReceiptEvent) -> bool:
-        """Store ``receipt`` and make its move; False if no message has its key. A receipt
-        that resolves an ``unknown`` message is audited as the receipt's doing."""
-        with tell_outcomes_after(), self.engine.begin() as conn:
-            done = record(conn, receipt)
-            self._suppress(conn, receipt, done)
-            if done.moved_from is Status.UNKNOWN and done.message_id is not None:
-                with Session(bind=conn) as session:  # the audit, in the same transaction
-                    audit(
-                        session,
-                        actor=f"receipt:{receipt.provider}",
-                        action="resolve",
-                        message=session.get(Message, done.message_id),
-                        from_status=Status.UNKNOWN.value,
-                        to_status=receipt.status,
-                        detail=f"receipt {receipt.event}",
-                    )
+        """Store ``receipt`` with the others arriving meanwhile (``GroupCommit``) and count
+        it; False if no message has its key."""
+        done = self._commits.submit(receipt, STORE_WAIT)
         if done.effect is not None:
             self.stored.labels(receipt.provider, receipt.status).inc()
+            if done.lag is not None:
+                self.lag.labels(receipt.provider).observe(done.lag)
             log.info(
                 "receipt %s of %s for %s: %s (%s)",
                 receipt.event,
@@ -235,6 +241,26 @@ class Receiver:
                 done.effect.value,
             )
         return done.message_id is not None
+
+    def _store_batch(self, receipts: Sequence[ReceiptEvent]) -> list[Recorded]:
+        """Store ``receipts`` and make their moves in one transaction. A receipt that
+        resolves an ``unknown`` message is audited as the receipt's doing."""
+        with tell_outcomes_after(), self.engine.begin() as conn:
+            recorded = record_many(conn, receipts)
+            for receipt, done in zip(receipts, recorded, strict=True):
+                self._suppress(conn, receipt, done)
+                if done.moved_from is Status.UNKNOWN and done.message_id is not None:
+                    with Session(bind=conn) as session:  # the audit, in the same transaction
+                        audit(
+                            session,
+                            actor=f"receipt:{receipt.provider}",
+                            action="resolve",
+                            message=session.get(Message, done.message_id),
+                            from_status=Status.UNKNOWN.value,
+                            to_status=receipt.status,
+                            detail=f"receipt {receipt.event}",
+                        )
+        return recorded
 
     def _suppress(self, conn: Connection, receipt: ReceiptEvent, done: Recorded) -> None:
         """A new ``undelivered`` receipt with a code of its protocol's ``suppressing`` puts

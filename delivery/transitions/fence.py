@@ -9,12 +9,13 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from sqlalchemy import ClauseElement, ColumnElement, Connection, bindparam, update
+from sqlalchemy import ClauseElement, ColumnElement, Connection, bindparam, func, update
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from delivery.core.models import messages_table, utcnow
 from delivery.core.status import Status
 
-__all__ = ["move", "move_where"]
+__all__ = ["move", "move_where", "unnest"]
 
 
 def move(
@@ -100,3 +101,10 @@ def _move_statement(changes: Mapping[str, object]) -> Any:
         if len(_MOVES) < 128:
             _MOVES[shape] = statement
     return statement
+
+
+def unnest(name: str, *columns: tuple[str, Any]) -> Any:
+    """A table of bound arrays, one column each (``unnest(:a, :b) AS name(a, b)``): one
+    statement over many rows, whatever their number (PostgreSQL)."""
+    arrays = [bindparam(column, type_=ARRAY(kind)) for column, kind in columns]
+    return func.unnest(*arrays).table_valued(*(n for n, _ in columns)).render_derived(name=name)

@@ -1,13 +1,15 @@
 """The receipts' transitions: a provider's delivery receipt recorded, and the move it makes.
 
-- ``record``: one receipt (``ReceiptEvent``) for the message of its key, stored once per
-  provider and event (a retried callback is a no-op) with what it did (``Effect``);
+- ``record_many`` (``record`` for one): receipts (``ReceiptEvent``) for the messages of their
+  keys, each stored once per provider and event (a retried callback is a no-op) with what it
+  did (``Effect``), in a handful of statements however many (the receiver's group commit);
 - ``apply_waiting``: the sweeper applies the final receipts that arrived before their
   message's worker recorded it ``sent`` (``Effect.WAITING``).
 
 A receipt only moves a message up ``RECEIPT_RANK`` (``sent`` < ``undelivered`` <
 ``delivered``), and a final one also resolves an ``unknown`` message (the provider had it), so
-every order of the same receipts ends in the same status. These moves are fenced on the status
+every order of the same receipts ends in the same status. ``record_many`` reads its messages
+locked, so concurrent receipts of one message take turns. These moves are fenced on the status
 alone, which is safe: no worker holds a ``sent``, ``undelivered``, ``delivered`` or
 ``unknown`` row, and no move out of them changes the attempt count that fences every worker.
 """
@@ -17,18 +19,28 @@ from __future__ import annotations
 import datetime as dt
 import enum
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import Connection, bindparam, select, update
+from sqlalchemy import BigInteger, Connection, String, bindparam, case, select, update
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
-from delivery.core.models import messages_table, receipts_table, utcnow
+from delivery.core.models import UTCDateTime, messages_table, receipts_table, utcnow
 from delivery.core.status import OPEN, RECEIPT_RANK, Status
 from delivery.observability.events import emit_moved
+from delivery.transitions.fence import unnest
 
-__all__ = ["RECEIPT_STATUSES", "Effect", "ReceiptEvent", "Recorded", "apply_waiting", "record"]
+__all__ = [
+    "RECEIPT_STATUSES",
+    "Effect",
+    "ReceiptEvent",
+    "Recorded",
+    "apply_waiting",
+    "record",
+    "record_many",
+]
 
 #: The statuses a receipt may report: ``queued`` and ``sent`` say the provider has it (they
 #: move nothing); ``delivered`` and ``undelivered`` are final.
@@ -58,13 +70,15 @@ class Recorded:
     """What ``record`` did: ``message_id`` None when no message of that provider has the key
     (nothing stored); ``effect`` None when the event was stored already (a duplicate);
     ``moved_from``: the status the message left, when it moved. ``channel`` and ``recipient``
-    are the message's, for the suppression list (never logged)."""
+    are the message's, for the suppression list (never logged); ``lag``: seconds from the
+    provider's accept to its delivery, on a move to ``delivered``."""
 
     message_id: int | None
     effect: Effect | None
     moved_from: Status | None = None
     channel: str | None = None
     recipient: str | None = None
+    lag: float | None = None
 
 
 _MESSAGE = select(
@@ -76,8 +90,8 @@ _MESSAGE = select(
     messages_table.c.channel,
     messages_table.c.recipient,
     messages_table.c.message_type,
+    messages_table.c.sent_at,
 )
-_TRIES = 3  # plans of one receipt's move, when concurrent receipts move its message first
 _MOVE = (
     update(messages_table)
     .where(
@@ -88,48 +102,93 @@ _MOVE = (
 )
 #: Out of ``unknown``: no lease left, and no lookup needed any more (the receipt answered it).
 _MOVE_FROM_UNKNOWN = _MOVE.values(lease_expires_at=None, needs_lookup=False)
-_BY_KEY = _MESSAGE.where(
-    messages_table.c.key == bindparam("key"), messages_table.c.provider == bindparam("provider")
+#: The messages of a batch's keys, locked in id order (two batches never wait on each other
+#: in a cycle; a worker's ``take`` locks in id order too).
+_LOCK = (
+    _MESSAGE.where(messages_table.c.key.in_(bindparam("keys", expanding=True)))
+    .order_by(messages_table.c.id)
+    .with_for_update()
+)
+_SEEN = select(receipts_table.c.event).where(
+    receipts_table.c.provider == bindparam("provider"),
+    receipts_table.c.event.in_(bindparam("events", expanding=True)),
 )
 
 
 def record(conn: Connection, receipt: ReceiptEvent) -> Recorded:
-    """Store ``receipt`` for the message of its key and provider and make its move, in the
-    caller's transaction (the receiver commits it before it answers)."""
-    row = conn.execute(_BY_KEY, {"key": receipt.key, "provider": receipt.provider}).first()
-    if row is None:
-        return Recorded(None, None)
-    effect, target = _plan(Status(row.status), receipt.status)
-    values = {
-        "message_id": row.id,
+    """``record_many`` for one receipt."""
+    return record_many(conn, [receipt])[0]
+
+
+def record_many(conn: Connection, receipts: Sequence[ReceiptEvent]) -> list[Recorded]:
+    """Store each of ``receipts`` for the message of its key and provider and make the moves,
+    in the caller's transaction (the receiver commits it before it answers), in a handful of
+    statements however many receipts: what each did, in their order.
+
+    The messages are read locked (``FOR UPDATE``), so a concurrent receipt of the same message
+    waits and then reads where this one left it: the order never decides where a message
+    ends. A message's receipts apply in the order given; an event stored already, or twice
+    in ``receipts``, is a duplicate (``effect`` None)."""
+    rows = {
+        row.key: row for row in conn.execute(_LOCK, {"keys": sorted({r.key for r in receipts})})
+    }
+    seen: set[tuple[str, str]] = set()
+    for provider in {r.provider for r in receipts}:
+        events = [r.event for r in receipts if r.provider == provider and r.key in rows]
+        if events:
+            found = conn.scalars(_SEEN, {"provider": provider, "events": events})
+            seen.update((provider, event) for event in found)
+    now = utcnow()
+    status = {row.id: Status(row.status) for row in rows.values()}
+    results: list[Recorded] = []
+    stored: list[dict[str, Any]] = []
+    moves: list[_Move] = []
+    for receipt in receipts:
+        row = rows.get(receipt.key)
+        if row is None or row.provider != receipt.provider:
+            results.append(Recorded(None, None))
+            continue
+        if (receipt.provider, receipt.event) in seen:
+            results.append(Recorded(row.id, None))
+            continue
+        seen.add((receipt.provider, receipt.event))
+        current = status[row.id]
+        effect, target = _plan(current, receipt.status)
+        stored.append(_receipt_row(row.id, receipt, effect, now))
+        if target is None:
+            results.append(Recorded(row.id, effect, None, row.channel, row.recipient))
+            continue
+        status[row.id] = target
+        moves.append((row, current, target, receipt.code))
+        lag = _lag(row.sent_at, receipt.at or now) if target is Status.DELIVERED else None
+        results.append(Recorded(row.id, effect, current, row.channel, row.recipient, lag))
+    _insert_all(conn, stored)
+    _move_locked(conn, moves, now)
+    return results
+
+
+#: A planned move: the message's row, the status it is planned from and to, the receipt's code.
+_Move = tuple[Any, Status, Status, str | None]
+
+
+def _receipt_row(
+    message_id: int, receipt: ReceiptEvent, effect: Effect, now: dt.datetime
+) -> dict[str, Any]:
+    return {
+        "message_id": message_id,
         "provider": receipt.provider,
         "event": receipt.event,
         "status": receipt.status,
         "code": receipt.code,
         "provider_at": receipt.at,
-        "received_at": utcnow(),
+        "received_at": now,
         "effect": effect.value,
     }
-    stored = conn.execute(_insert_once(conn.dialect.name), values).first()
-    if stored is None:
-        return Recorded(row.id, None)
-    first, to = effect, (row.channel, row.recipient)
-    moved_from: Status | None = None
-    # A concurrent receipt of the same message may move it between the read and the fenced
-    # UPDATE: read it again and plan again, so that the order never decides where it ends.
-    for _ in range(_TRIES):
-        if target is None:
-            break
-        if _move(conn, row, target, receipt.code):
-            moved_from = Status(row.status)
-            break
-        row = conn.execute(_MESSAGE.where(messages_table.c.id == row.id)).one()
-        effect, target = _plan(Status(row.status), receipt.status)
-    else:
-        effect = Effect.KEPT
-    if effect is not first:
-        _mark(conn, stored.id, effect)
-    return Recorded(row.id, effect, moved_from, *to)
+
+
+def _lag(sent_at: dt.datetime | None, at: dt.datetime) -> float | None:
+    """Seconds from the provider's accept (``sent_at``) to its delivery, if both are known."""
+    return None if sent_at is None else max(0.0, (at - sent_at).total_seconds())
 
 
 def apply_waiting(conn: Connection, limit: int = 1000) -> int:
@@ -175,13 +234,51 @@ def _plan(current: Status, to_be: str) -> tuple[Effect, Status | None]:
 def _move(conn: Connection, row: Any, to: Status, code: str | None) -> bool:
     """``row`` (as just read) -> ``to``, fenced on its status (see the module docstring);
     emits the transition. False if it moved meanwhile."""
-    out_of_unknown = row.status == Status.UNKNOWN
-    statement = _MOVE_FROM_UNKNOWN if out_of_unknown else _MOVE
-    params = {"fence_id": row.id, "fence_status": row.status, "to": to.value, "at": utcnow()}
-    if not conn.execute(statement, params).rowcount:
+    current = Status(row.status)
+    statement = _MOVE_FROM_UNKNOWN if current is Status.UNKNOWN else _MOVE
+    if not conn.execute(statement, _move_params(row.id, current, to, utcnow())).rowcount:
         return False
-    emit_moved(row, row.status, to.value, "receipt", code)
+    emit_moved(row, current, to.value, "receipt", code)
     return True
+
+
+def _insert_all(conn: Connection, stored: Sequence[dict[str, Any]]) -> None:
+    """Insert ``stored`` receipt rows, an event stored already skipped: one statement on
+    PostgreSQL (``unnest``), one per row elsewhere."""
+    if not stored:
+        return
+    if conn.dialect.name != "postgresql":
+        conn.execute(_insert_once(conn.dialect.name), stored)
+        return
+    conn.execute(_insert_unnest(), {f"r_{c}": [row[c] for row in stored] for c in _RECEIPT_TYPES})
+
+
+def _move_locked(conn: Connection, moves: Sequence[_Move], now: dt.datetime) -> None:
+    """Make ``moves``, planned on rows this transaction holds locked (``_LOCK``), fenced on
+    the status each was planned from, and emit them. On PostgreSQL one statement for them all,
+    each message from where it was to where its last move takes it; elsewhere each move in
+    turn (a message's second move starts where its first left it)."""
+    if conn.dialect.name == "postgresql" and moves:
+        ends: dict[int, tuple[Status, Status]] = {}
+        for row, current, to, _ in moves:
+            ends[row.id] = (ends[row.id][0] if row.id in ends else current, to)
+        params = {
+            "m_ids": list(ends),
+            "m_from": [start.value for start, _ in ends.values()],
+            "m_to": [end.value for _, end in ends.values()],
+            "m_at": now,
+        }
+        conn.execute(_move_unnest(), params)
+    else:
+        for row, current, to, _ in moves:
+            statement = _MOVE_FROM_UNKNOWN if current is Status.UNKNOWN else _MOVE
+            conn.execute(statement, _move_params(row.id, current, to, now))
+    for row, current, to, code in moves:
+        emit_moved(row, current, to.value, "receipt", code)
+
+
+def _move_params(message_id: int, current: Status, to: Status, now: dt.datetime) -> dict[str, Any]:
+    return {"fence_id": message_id, "fence_status": current.value, "to": to.value, "at": now}
 
 
 def _mark(conn: Connection, receipt_id: int, effect: Effect) -> None:
@@ -191,11 +288,49 @@ def _mark(conn: Connection, receipt_id: int, effect: Effect) -> None:
 
 @functools.cache
 def _insert_once(dialect: str) -> Any:
-    """INSERT .. ON CONFLICT (provider, event) DO NOTHING RETURNING id (PostgreSQL, SQLite),
-    built once: each receipt only binds its values."""
+    """INSERT .. ON CONFLICT (provider, event) DO NOTHING (PostgreSQL, SQLite), built once:
+    each receipt only binds its values."""
     build = pg_insert if dialect == "postgresql" else sqlite_insert
+    return build(receipts_table).on_conflict_do_nothing(index_elements=["provider", "event"])
+
+
+_RECEIPT_TYPES: dict[str, Any] = {
+    "message_id": BigInteger(),
+    "provider": String(),
+    "event": String(),
+    "status": String(),
+    "code": String(),
+    "provider_at": UTCDateTime(),
+    "received_at": UTCDateTime(),
+    "effect": String(),
+}
+
+
+@functools.cache
+def _insert_unnest() -> Any:
+    """INSERT .. SELECT FROM unnest(..) ON CONFLICT (provider, event) DO NOTHING."""
+    rows = unnest("r", *((f"r_{c}", kind) for c, kind in _RECEIPT_TYPES.items()))
     return (
-        build(receipts_table)
+        pg_insert(receipts_table)
+        .from_select(list(_RECEIPT_TYPES), select(*rows.c))
         .on_conflict_do_nothing(index_elements=["provider", "event"])
-        .returning(receipts_table.c.id)
+    )
+
+
+@functools.cache
+def _move_unnest() -> Any:
+    """The moves of a batch in one UPDATE, each fenced on its status as planned; out of
+    ``unknown`` also clears the lease and the lookup flag (as ``_MOVE_FROM_UNKNOWN``)."""
+    m = messages_table.c
+    v = unnest("v", ("m_ids", BigInteger()), ("m_from", String()), ("m_to", String()))
+    from_unknown = v.c.m_from == Status.UNKNOWN.value
+    return (
+        update(messages_table)
+        .where(m.id == v.c.m_ids, m.status == v.c.m_from)
+        .values(
+            status=v.c.m_to,
+            updated_at=bindparam("m_at", type_=UTCDateTime()),
+            lease_expires_at=case((from_unknown, None), else_=m.lease_expires_at),
+            needs_lookup=case((from_unknown, False), else_=m.needs_lookup),
+        )
     )
