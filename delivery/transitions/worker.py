@@ -35,7 +35,7 @@ from delivery.core.outcomes import Delivered, Found
 from delivery.core.status import Status
 from delivery.observability.events import Transition, emit
 from delivery.transitions.attempts import ATTEMPT_COLUMNS, attempt_row
-from delivery.transitions.fence import move
+from delivery.transitions.fence import move, unnest
 from delivery.transitions.vocabulary import Failure, Sending
 
 __all__ = [
@@ -103,7 +103,7 @@ def take(conn: Connection, rows: Sequence[Row[Any]], lease_until: dt.datetime) -
 @functools.cache
 def _take_statement() -> Any:
     m = messages_table.c
-    seen = _unnest("v", ("ids", BigInteger()), ("seen", Integer()))
+    seen = unnest("v", ("ids", BigInteger()), ("seen", Integer()))
     return (
         update(messages_table)
         .where(m.id == seen.c.ids, m.status == Status.DISPATCHED.value, m.attempts == seen.c.seen)
@@ -294,18 +294,11 @@ def _sent_values(conn: Connection) -> dict[str, Any]:
     return dict(_SENT, sent_at=sql_now(conn))  # the database's clock, inside the UPDATE
 
 
-def _unnest(name: str, *columns: tuple[str, Any]) -> Any:
-    """A table of bound arrays, one column each (``unnest(:a, :b) AS name(a, b)``): one
-    statement whatever the number of rows."""
-    arrays = [bindparam(column, type_=ARRAY(kind)) for column, kind in columns]
-    return func.unnest(*arrays).table_valued(*(n for n, _ in columns)).render_derived(name=name)
-
-
 @functools.cache
 def _sent_statement() -> Any:
     m = messages_table.c
-    rows = _unnest("v", ("ids", BigInteger()), ("seen", Integer()), ("refs", String()))
-    logged = _unnest("a", *((f"a_{n}", kind) for n, kind in ATTEMPT_COLUMNS.items()))
+    rows = unnest("v", ("ids", BigInteger()), ("seen", Integer()), ("refs", String()))
+    logged = unnest("a", *((f"a_{n}", kind) for n, kind in ATTEMPT_COLUMNS.items()))
     log = insert(attempts_table).from_select(list(ATTEMPT_COLUMNS), select(*logged.c))
     return (
         update(messages_table)
