@@ -1,7 +1,7 @@
 """Two receipts of one message at once, on PostgreSQL: the ``undelivered`` one moves it first
-and holds the row; the ``delivered`` one, which read the row before that commit, waits on its
-fenced UPDATE, finds the row moved, reads it again and still moves it up to ``delivered``.
-The order of concurrent receipts never decides where a message ends."""
+and holds the row; the ``delivered`` one waits on the row lock of its read, then reads where
+the first left it and still moves it up to ``delivered``. The order of concurrent receipts
+never decides where a message ends."""
 
 from __future__ import annotations
 
@@ -33,8 +33,9 @@ def waiting_on_a_lock(engine: Engine) -> bool:
 def test_a_delivered_receipt_that_waited_on_an_undelivered_one_still_wins(
     fence_db: Engine,
 ) -> None:
-    """The delivered receipt's first plan (from sent) fails behind the undelivered one's
-    uncommitted move; it plans again from undelivered and the message ends delivered."""
+    """The delivered receipt waits behind the undelivered one's uncommitted move (it never
+    plans from the ``sent`` it would have read without the lock); it plans from undelivered
+    and the message ends delivered."""
     with fence_db.begin() as conn:
         conn.execute(messages_table.insert(), [message_values("race", "sent")])
     first = fence_db.connect()
@@ -49,7 +50,7 @@ def test_a_delivered_receipt_that_waited_on_an_undelivered_one_still_wins(
     thread = threading.Thread(target=second)
     thread.start()
     deadline = time.monotonic() + 10
-    while not waiting_on_a_lock(fence_db):  # the second read 'sent' and now waits on the row
+    while not waiting_on_a_lock(fence_db):  # the second waits on the row
         assert time.monotonic() < deadline, "the second receipt never waited on the row"
         time.sleep(0.01)
     moving.commit()
