@@ -23,7 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, String, bindparam, case, select, update
+from sqlalchemy import BigInteger, Connection, String, any_, bindparam, case, select, update
+from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 
@@ -102,17 +103,34 @@ _MOVE = (
 )
 #: Out of ``unknown``: no lease left, and no lookup needed any more (the receipt answered it).
 _MOVE_FROM_UNKNOWN = _MOVE.values(lease_expires_at=None, needs_lookup=False)
-#: The messages of a batch's keys, locked in id order (two batches never wait on each other
-#: in a cycle; a worker's ``take`` locks in id order too).
-_LOCK = (
-    _MESSAGE.where(messages_table.c.key.in_(bindparam("keys", expanding=True)))
-    .order_by(messages_table.c.id)
-    .with_for_update()
-)
-_SEEN = select(receipts_table.c.event).where(
-    receipts_table.c.provider == bindparam("provider"),
-    receipts_table.c.event.in_(bindparam("events", expanding=True)),
-)
+
+
+@functools.cache
+def _lock(dialect: str) -> Any:
+    """The messages of a batch's keys, locked in id order (two batches never wait on each
+    other in a cycle; a worker's ``take`` locks in id order too)."""
+    m = messages_table.c
+    return _MESSAGE.where(_one_of(m.key, "keys", dialect)).order_by(m.id).with_for_update()
+
+
+@functools.cache
+def _seen(dialect: str) -> Any:
+    """Which of ``events`` the messages ``ids`` have stored already: found through each
+    message's few receipts (``ix_delivery_receipts_message_id``), so the cost never grows
+    with the table (through the provider's, a prepared plan read every receipt of it)."""
+    r = receipts_table.c
+    return select(r.provider, r.event).where(
+        _one_of(r.message_id, "ids", dialect, BigInteger()),
+        _one_of(r.event, "events", dialect),
+    )
+
+
+def _one_of(column: Any, name: str, dialect: str, kind: Any = None) -> Any:
+    """``column`` is one of the list bound as ``name``: ``= ANY(:name)`` on PostgreSQL (one
+    statement text whatever the list's length, so it is prepared once), ``IN`` elsewhere."""
+    if dialect == "postgresql":
+        return column == any_(bindparam(name, type_=ARRAY(kind or String())))
+    return column.in_(bindparam(name, expanding=True))
 
 
 def record(conn: Connection, receipt: ReceiptEvent) -> Recorded:
@@ -129,15 +147,15 @@ def record_many(conn: Connection, receipts: Sequence[ReceiptEvent]) -> list[Reco
     waits and then reads where this one left it: the order never decides where a message
     ends. A message's receipts apply in the order given; an event stored already, or twice
     in ``receipts``, is a duplicate (``effect`` None)."""
-    rows = {
-        row.key: row for row in conn.execute(_LOCK, {"keys": sorted({r.key for r in receipts})})
-    }
+    dialect = conn.dialect.name
+    keys = sorted({r.key for r in receipts})
+    rows = {row.key: row for row in conn.execute(_lock(dialect), {"keys": keys})}
     seen: set[tuple[str, str]] = set()
-    for provider in {r.provider for r in receipts}:
-        events = [r.event for r in receipts if r.provider == provider and r.key in rows]
-        if events:
-            found = conn.scalars(_SEEN, {"provider": provider, "events": events})
-            seen.update((provider, event) for event in found)
+    if rows:
+        ids = [row.id for row in rows.values()]
+        events = sorted({r.event for r in receipts if r.key in rows})
+        found = conn.execute(_seen(dialect), {"ids": ids, "events": events})
+        seen.update((provider, event) for provider, event in found)
     now = utcnow()
     status = {row.id: Status(row.status) for row in rows.values()}
     results: list[Recorded] = []
