@@ -56,7 +56,6 @@ def rows(engine: Engine, table: str) -> list[str]:
 def test_extension_reads_app_config_then_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """DELIVERY_* keys in app.config win over the environment, the app's database is the
     default outbox, DELIVERY_OPTIONS configures channels, and the nudge gets installed."""
-    before = delivery.get_settings()  # the suite's, restored at the end
     broker = os.environ["DELIVERY_BROKER_URL"]
     monkeypatch.delenv("DELIVERY_DATABASE_URL")
     monkeypatch.delenv("DELIVERY_CONFIG")
@@ -87,7 +86,7 @@ def test_extension_reads_app_config_then_environment(monkeypatch: pytest.MonkeyP
             Delivery(app)
         assert error.value.key == "DELIVERY_OPTIONS"
     finally:
-        delivery.configure(before)
+        delivery.configure(None)  # the environment's settings, read again when next needed
 
 
 def test_handler_that_raises_after_enqueue_leaves_no_user_and_no_message(

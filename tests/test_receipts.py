@@ -375,9 +375,11 @@ def test_show_and_the_console_page_list_the_receipts(session: Session, db_url: s
 def test_the_receiver_counts_what_it_stored_and_refused(
     receiver: httpx.Client, session: Session
 ) -> None:
-    """``GET /metrics``: stored receipts by provider and status (a repeated event once), and
-    the answers that stored nothing by answer."""
-    add(session, "m-1", "sent")
+    """``GET /metrics``: stored receipts by provider and status (a repeated event once), the
+    answers that stored nothing by answer, and the lag from the provider's accept to its
+    delivered receipt (40 s here: the receipt's ``at`` is 40 s after ``sent_at``)."""
+    accepted = dt.datetime(2026, 12, 6, 2, 59, 20, 123000, tzinfo=dt.UTC)
+    add(session, "m-1", "sent", sent_at=accepted)
     data = body("m-1")
     headers = signed(data)
     for _ in range(2):
@@ -389,6 +391,9 @@ def test_the_receiver_counts_what_it_stored_and_refused(
     assert 'delivery_receipts_total{provider="stub",status="delivered"} 1.0' in text_
     assert 'delivery_receipts_refused_total{answer="403",provider="stub"} 1.0' in text_
     assert 'delivery_receipts_refused_total{answer="unknown",provider="stub"} 1.0' in text_
+    assert 'delivery_receipt_lag_seconds_bucket{le="30.0",provider="stub"} 0.0' in text_
+    assert 'delivery_receipt_lag_seconds_bucket{le="60.0",provider="stub"} 1.0' in text_
+    assert 'delivery_receipt_lag_seconds_sum{provider="stub"} 40.0' in text_
 
 
 def test_the_flask_blueprint_receives_receipts(
@@ -401,7 +406,6 @@ def test_the_flask_blueprint_receives_receipts(
     import delivery
     from delivery.contrib.flask import Delivery
 
-    before = delivery.get_settings()
     app = Flask("receipts-test")
     app.config.update(
         DELIVERY_DATABASE_URL=db_url,
@@ -427,7 +431,10 @@ def test_the_flask_blueprint_receives_receipts(
         forged = client.post("/hooks/receipts/stub", data=data)
         assert forged.status_code == 403
     finally:
-        delivery.configure(before)
+        # Back to the environment's settings, read again when next needed: restoring what
+        # get_settings() returned here would keep this test's (its own SQLite outbox, no
+        # message types) for every test after it.
+        delivery.configure(None)
     session.expire_all()
     assert session.scalars(select(Message.status)).one() == Status.DELIVERED
 
