@@ -23,7 +23,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, String, any_, bindparam, case, select, update
+from sqlalchemy import (
+    BigInteger,
+    Connection,
+    String,
+    any_,
+    bindparam,
+    case,
+    func,
+    select,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
@@ -108,16 +118,23 @@ _MOVE_FROM_UNKNOWN = _MOVE.values(lease_expires_at=None, needs_lookup=False)
 @functools.cache
 def _lock(dialect: str) -> Any:
     """The messages of a batch's keys, locked in id order (two batches never wait on each
-    other in a cycle; a worker's ``take`` locks in id order too)."""
-    m = messages_table.c
-    return _MESSAGE.where(_one_of(m.key, "keys", dialect)).order_by(m.id).with_for_update()
+    other in a cycle; a worker's ``take`` locks in id order too). On PostgreSQL each row also
+    brings which of ``events`` it has stored already (``stored``), saving ``_seen``'s round
+    trip."""
+    m, r = messages_table.c, receipts_table.c
+    locked = _MESSAGE.where(_one_of(m.key, "keys", dialect)).order_by(m.id).with_for_update()
+    if dialect != "postgresql":
+        return locked
+    stored = select(r.event).where(r.message_id == m.id, _one_of(r.event, "events", dialect))
+    return locked.add_columns(func.array(stored.scalar_subquery()).label("stored"))
 
 
 @functools.cache
 def _seen(dialect: str) -> Any:
-    """Which of ``events`` the messages ``ids`` have stored already: found through each
-    message's few receipts (``ix_delivery_receipts_message_id``), so the cost never grows
-    with the table (through the provider's, a prepared plan read every receipt of it)."""
+    """Which of ``events`` the messages ``ids`` have stored already (but on PostgreSQL, where
+    ``_lock`` says): found through each message's few receipts
+    (``ix_delivery_receipts_message_id``), so the cost never grows with the table (through
+    the provider's, a prepared plan read every receipt of it)."""
     r = receipts_table.c
     return select(r.provider, r.event).where(
         _one_of(r.message_id, "ids", dialect, BigInteger()),
@@ -148,14 +165,16 @@ def record_many(conn: Connection, receipts: Sequence[ReceiptEvent]) -> list[Reco
     ends. A message's receipts apply in the order given; an event stored already, or twice
     in ``receipts``, is a duplicate (``effect`` None)."""
     dialect = conn.dialect.name
-    keys = sorted({r.key for r in receipts})
-    rows = {row.key: row for row in conn.execute(_lock(dialect), {"keys": keys})}
-    seen: set[tuple[str, str]] = set()
-    if rows:
-        ids = [row.id for row in rows.values()]
-        events = sorted({r.event for r in receipts if r.key in rows})
-        found = conn.execute(_seen(dialect), {"ids": ids, "events": events})
-        seen.update((provider, event) for provider, event in found)
+    keys, events = sorted({r.key for r in receipts}), sorted({r.event for r in receipts})
+    found = conn.execute(_lock(dialect), {"keys": keys, "events": events}).all()
+    rows = {row.key: row for row in found}
+    if dialect == "postgresql":
+        seen = {(row.provider, event) for row in found for event in row.stored}
+    elif rows:
+        ids = [row.id for row in found]
+        seen = set(conn.execute(_seen(dialect), {"ids": ids, "events": events}).tuples())
+    else:
+        seen = set()
     now = utcnow()
     status = {row.id: Status(row.status) for row in rows.values()}
     results: list[Recorded] = []
@@ -180,8 +199,7 @@ def record_many(conn: Connection, receipts: Sequence[ReceiptEvent]) -> list[Reco
         moves.append((row, current, target, receipt.code))
         lag = _lag(row.sent_at, receipt.at or now) if target is Status.DELIVERED else None
         results.append(Recorded(row.id, effect, current, row.channel, row.recipient, lag))
-    _insert_all(conn, stored)
-    _move_locked(conn, moves, now)
+    _write(conn, stored, moves, now)
     return results
 
 
@@ -260,34 +278,33 @@ def _move(conn: Connection, row: Any, to: Status, code: str | None) -> bool:
     return True
 
 
-def _insert_all(conn: Connection, stored: Sequence[dict[str, Any]]) -> None:
-    """Insert ``stored`` receipt rows, an event stored already skipped: one statement on
-    PostgreSQL (``unnest``), one per row elsewhere."""
-    if not stored:
-        return
-    if conn.dialect.name != "postgresql":
-        conn.execute(_insert_once(conn.dialect.name), stored)
-        return
-    conn.execute(_insert_unnest(), {f"r_{c}": [row[c] for row in stored] for c in _RECEIPT_TYPES})
-
-
-def _move_locked(conn: Connection, moves: Sequence[_Move], now: dt.datetime) -> None:
-    """Make ``moves``, planned on rows this transaction holds locked (``_LOCK``), fenced on
-    the status each was planned from, and emit them. On PostgreSQL one statement for them all,
-    each message from where it was to where its last move takes it; elsewhere each move in
-    turn (a message's second move starts where its first left it)."""
-    if conn.dialect.name == "postgresql" and moves:
-        ends: dict[int, tuple[Status, Status]] = {}
-        for row, current, to, _ in moves:
-            ends[row.id] = (ends[row.id][0] if row.id in ends else current, to)
-        params = {
-            "m_ids": list(ends),
-            "m_from": [start.value for start, _ in ends.values()],
-            "m_to": [end.value for _, end in ends.values()],
-            "m_at": now,
-        }
-        conn.execute(_move_unnest(), params)
+def _write(
+    conn: Connection, stored: Sequence[dict[str, Any]], moves: Sequence[_Move], now: dt.datetime
+) -> None:
+    """Insert the ``stored`` receipt rows (an event stored already skipped) and make
+    ``moves``, planned on rows this transaction holds locked (``_lock``), each fenced on the
+    status it was planned from; then emit the moves. On PostgreSQL one statement for them
+    all (``unnest``), each message from where it was to where its last move takes it;
+    elsewhere a statement per row, each move in turn (a message's second move starts where
+    its first left it)."""
+    if conn.dialect.name == "postgresql":
+        params: dict[str, Any] = {f"r_{c}": [row[c] for row in stored] for c in _RECEIPT_TYPES}
+        if moves:
+            ends: dict[int, tuple[Status, Status]] = {}
+            for row, current, to, _ in moves:
+                ends[row.id] = (ends[row.id][0] if row.id in ends else current, to)
+            params |= {
+                "m_ids": list(ends),
+                "m_from": [start.value for start, _ in ends.values()],
+                "m_to": [end.value for _, end in ends.values()],
+                "m_at": now,
+            }
+            conn.execute(_write_unnest(), params)
+        elif stored:
+            conn.execute(_insert_unnest(), params)
     else:
+        if stored:
+            conn.execute(_insert_once(conn.dialect.name), stored)
         for row, current, to, _ in moves:
             statement = _MOVE_FROM_UNKNOWN if current is Status.UNKNOWN else _MOVE
             conn.execute(statement, _move_params(row.id, current, to, now))
@@ -336,9 +353,10 @@ def _insert_unnest() -> Any:
 
 
 @functools.cache
-def _move_unnest() -> Any:
-    """The moves of a batch in one UPDATE, each fenced on its status as planned; out of
-    ``unknown`` also clears the lease and the lookup flag (as ``_MOVE_FROM_UNKNOWN``)."""
+def _write_unnest() -> Any:
+    """The moves of a batch in one UPDATE, each fenced on its status as planned (out of
+    ``unknown`` also clearing the lease and the lookup flag, as ``_MOVE_FROM_UNKNOWN``), with
+    the batch's receipts inserted by a data-modifying CTE of the same statement."""
     m = messages_table.c
     v = unnest("v", ("m_ids", BigInteger()), ("m_from", String()), ("m_to", String()))
     from_unknown = v.c.m_from == Status.UNKNOWN.value
@@ -351,4 +369,5 @@ def _move_unnest() -> Any:
             lease_expires_at=case((from_unknown, None), else_=m.lease_expires_at),
             needs_lookup=case((from_unknown, False), else_=m.needs_lookup),
         )
+        .add_cte(_insert_unnest().cte("stored"))
     )
