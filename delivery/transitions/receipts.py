@@ -172,7 +172,8 @@ def record_many(conn: Connection, receipts: Sequence[ReceiptEvent]) -> list[Reco
         seen = {(row.provider, event) for row in found for event in row.stored}
     elif rows:
         ids = [row.id for row in found]
-        seen = set(conn.execute(_seen(dialect), {"ids": ids, "events": events}).tuples())
+        found_events = conn.execute(_seen(dialect), {"ids": ids, "events": events})
+        seen = {(provider, event) for provider, event in found_events}
     else:
         seen = set()
     now = utcnow()
