@@ -226,6 +226,7 @@ ROOMS: dict[str, set[str]] = {
         "core",
         "errors",
         "guards",
+        "observability",
         "ops",
         "providers",
         "runtime",

@@ -14,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterator
 from typing import Any
 
+import httpx
 import pytest
 from sqlalchemy import Engine, select, text
 from sqlalchemy.orm import Session
@@ -33,6 +34,7 @@ pytestmark = pytest.mark.integration
 
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 MESSAGES = 500
+RECEIVER = [sys.executable, "-m", "delivery.cli", "receiver", "--processes", "2"]
 UNREACHABLE = {f"+1201555{i:04d}" for i in range(0, MESSAGES, 10)}  # every tenth recipient
 
 TOML = """
@@ -67,7 +69,7 @@ def rig(tmp_path_factory: pytest.TempPathFactory, redis_client: Any) -> Iterator
         env["DELIVERY_TEST_RECEIPTS"] = SECRET
         receiver = ServiceProcess(
             "receiver",
-            [sys.executable, "-m", "delivery.cli", "receiver", "--port", str(receiver_port)],
+            [*RECEIVER, "--port", str(receiver_port)],
             log=run / "receiver.log",
             ready="delivery receiver on",
             env=env,
@@ -166,3 +168,9 @@ def test_receipts_delayed_duplicated_reordered_and_lost_end_where_the_provider_s
     assert effects.keys() == {"moved", "kept"}  # none left waiting; late ones kept
     assert any(e["duplicate"] for e in log)
     assert rig.stub.effects() == {f"rcpt-{i}": 1 for i in range(MESSAGES)}
+    # Two receiver processes: /metrics, served by either, counts what both stored.
+    metrics = rig.receiver_url.replace("/receipts/stub", "/metrics")
+    for _ in range(4):  # a connection each: the processes take turns accepting
+        lines = httpx.get(metrics, timeout=10).text.splitlines()
+        counted = [float(x.split()[-1]) for x in lines if x.startswith("delivery_receipts_total{")]
+        assert sum(counted) == len(stored)

@@ -1,10 +1,13 @@
 """``delivery receiver``: serve the receipt receiver (``delivery.receipts``) with Granian, a
-production server (HTTP in Rust, the WSGI app in a pool of Python threads); it refuses to
-start broken (exit 2, one line naming the setting)."""
+production server (HTTP in Rust, the WSGI app in a pool of Python threads per process); it
+refuses to start broken (exit 2, one line naming the setting)."""
 
 from __future__ import annotations
 
+import os
+import shutil
 import socket
+import tempfile
 from typing import TYPE_CHECKING
 
 import click
@@ -16,19 +19,30 @@ from delivery.runtime.hooks import use_outcome_hooks
 if TYPE_CHECKING:
     from delivery.receipts import Receiver
 
-__all__ = ["receiver_command", "serving"]
+__all__ = ["PROCESSES", "receiver_command", "serving"]
+
+PROCESSES = min(os.cpu_count() or 1, 4)
+"""The default number of processes: one per core, up to four (each has its own pool of
+database connections)."""
 
 
 @click.command("receiver")
 @host_port_options(8026)
 @click.option(
+    "--processes",
+    type=click.IntRange(1, 64),
+    default=PROCESSES,
+    show_default="one per core, up to 4",
+    help="Processes serving the app, each with its own writer and database pool.",
+)
+@click.option(
     "--threads",
     type=click.IntRange(1, 256),
     default=32,
     show_default=True,
-    help="Threads that run the app: receipts in flight at once, stored together.",
+    help="Threads per process that run the app: receipts in flight at once, stored together.",
 )
-def receiver_command(host: str, port: int, threads: int) -> None:
+def receiver_command(host: str, port: int, processes: int, threads: int) -> None:
     """Receive providers' delivery receipts: POST /receipts/PROVIDER.
 
     Serves every provider whose [providers.NAME] sets receipt_secret_env (kind http) or
@@ -39,28 +53,38 @@ def receiver_command(host: str, port: int, threads: int) -> None:
     from granian import Granian
     from granian.constants import Interfaces
 
-    checked = serving()  # refuses to start broken, before anything listens
-    names = ", ".join(sorted(checked.checks))
-    checked.engine.dispose()  # the worker process builds its own (``serving``)
-    with binding(host, port), socket.create_server((host, port)) as probe:
-        port = probe.getsockname()[1]  # free; 0 -> one the system chose
-    server = Granian(
-        f"{__name__}:serving",
-        factory=True,
-        address=host,
-        port=port,
-        interface=Interfaces.WSGI,
-        workers=1,  # one process: its /metrics counts every receipt
-        blocking_threads=threads,
-    )
-    line = f"delivery receiver on http://{host}:{port}/receipts/ ({names}); Ctrl-C stops it"
-    server.on_startup(lambda: click.echo(line, err=True))  # listening: requests wait for it
-    server.serve()
+    # Several processes count in files that GET /metrics sums; the variable must be set
+    # before prometheus_client is first imported (by ``serving`` below, or an app's hooks).
+    own_metrics_dir = None
+    if processes > 1 and not os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        own_metrics_dir = tempfile.mkdtemp(prefix="delivery-receiver-metrics-")
+        os.environ["PROMETHEUS_MULTIPROC_DIR"] = own_metrics_dir
+    try:
+        checked = serving()  # refuses to start broken, before anything listens
+        names = ", ".join(sorted(checked.checks))
+        checked.engine.dispose()  # each worker process builds its own (``serving``)
+        with binding(host, port), socket.create_server((host, port)) as probe:
+            port = probe.getsockname()[1]  # free; 0 -> one the system chose
+        server = Granian(
+            f"{__name__}:serving",
+            factory=True,
+            address=host,
+            port=port,
+            interface=Interfaces.WSGI,
+            workers=processes,
+            blocking_threads=threads,
+        )
+        line = f"delivery receiver on http://{host}:{port}/receipts/ ({names}); Ctrl-C stops it"
+        server.on_startup(lambda: click.echo(line, err=True))  # listening: requests wait
+        server.serve()
+    finally:
+        if own_metrics_dir is not None:
+            shutil.rmtree(own_metrics_dir, ignore_errors=True)
 
 
 def serving() -> Receiver:
     """The receiver of this process's settings, the app's outcome hooks registered (its
-    receipts move messages to ``delivered`` and ``undelivered``): what Granian's worker
+    receipts move messages to ``delivered`` and ``undelivered``): what each Granian worker
     serves, and what the command checks before it starts."""
     from delivery.receipts import make_receiver
 

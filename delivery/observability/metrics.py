@@ -37,6 +37,7 @@ __all__ = [
     "breaker_reader",
     "exporter_registry",
     "multiprocess_registry",
+    "served_registry",
 ]
 
 log = logging.getLogger("delivery.metrics")
@@ -241,6 +242,12 @@ def exporter_registry(engine: Engine, breakers: BreakerReader | None = None) -> 
     registry = CollectorRegistry(auto_describe=False)
     registry.register(OutboxCollector(engine, breakers))
     return registry
+
+
+def served_registry(registry: CollectorRegistry) -> CollectorRegistry:
+    """What a process serves at ``/metrics``: ``registry`` as it is, or, under
+    ``PROMETHEUS_MULTIPROC_DIR``, the sum of every process's files (its metrics included)."""
+    return multiprocess_registry() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else registry
 
 
 def multiprocess_registry() -> CollectorRegistry:

@@ -13,10 +13,11 @@
 
 Storing a receipt and the move it makes is the status room's (``delivery.transitions.receipts``).
 
-May import: ``delivery.config``, ``delivery.core``, ``delivery.errors``, ``delivery.guards`` (the
-suppression list), ``delivery.ops`` (the audit of a receipt that resolves an ``unknown``
-message), ``delivery.providers`` (the adapters' own vocabulary: Twilio's statuses and codes,
-the ``whsec_`` secrets), ``delivery.runtime`` and ``delivery.transitions``.
+May import: ``delivery.config``, ``delivery.core``, ``delivery.errors``, ``delivery.guards``
+(the suppression list), ``delivery.observability`` (what ``/metrics`` serves), ``delivery.ops``
+(the audit of a receipt that resolves an ``unknown`` message), ``delivery.providers`` (the
+adapters' own vocabulary: Twilio's statuses and codes, the ``whsec_`` secrets),
+``delivery.runtime`` and ``delivery.transitions``.
 """
 
 from delivery.receipts.receiver import MAX_BODY, Answer, Receiver, Request, make_receiver

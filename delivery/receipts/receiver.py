@@ -41,6 +41,7 @@ from delivery.core.models import Message
 from delivery.core.status import Status
 from delivery.errors import ConfigError, InvalidReceipt
 from delivery.guards.suppression import Suppressions
+from delivery.observability.metrics import served_registry
 from delivery.ops.audit import record as audit
 from delivery.receipts.fields import SignatureRefused
 from delivery.receipts.group_commit import GroupCommit
@@ -154,7 +155,7 @@ class Receiver:
             buckets=LAG_BUCKETS,
             registry=self.registry,
         )
-        self._metrics = make_wsgi_app(self.registry)
+        self._metrics = make_wsgi_app(served_registry(self.registry))
         self._commits = GroupCommit(self._store_batch)
 
     def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:

@@ -27,7 +27,7 @@ from prometheus_client import CollectorRegistry, multiprocess, start_http_server
 
 from delivery.guards.breaker import add_breaker_hook
 from delivery.observability.events import add_hook
-from delivery.observability.metrics import WorkerMetrics, multiprocess_registry
+from delivery.observability.metrics import WorkerMetrics, served_registry
 
 __all__ = ["metrics", "registry"]
 
@@ -48,7 +48,7 @@ def _serve(**_: Any) -> None:
     if not port:
         return
     addr = os.environ.get("DELIVERY_METRICS_ADDR", "127.0.0.1")
-    served = multiprocess_registry() if os.environ.get("PROMETHEUS_MULTIPROC_DIR") else registry
+    served = served_registry(registry)
     start_http_server(int(port), addr=addr, registry=served)
     log.info("serving worker metrics on http://%s:%s/metrics", addr, port)
 
