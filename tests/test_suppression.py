@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from click.testing import CliRunner
-from sqlalchemy import select, text
+from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook
 
@@ -23,7 +23,10 @@ from delivery.cli import main
 from delivery.config.loading import settings_from_mapping
 from delivery.config.settings import Settings
 from delivery.core.models import AuditEntry, Message, Suppression
+from delivery.errors import InvalidMessage
 from delivery.guards.suppression import Suppressions
+from delivery.ops.suppression import lift as ops_lift
+from delivery.ops.suppression import suppress as ops_suppress
 from delivery.outbox import enqueue as outbox
 from delivery.receipts import Receiver
 from delivery.receipts.standard import StandardReceipts
@@ -193,3 +196,31 @@ def test_the_cli_adds_lists_and_lifts_without_showing_the_recipient(
     with Session(rig.service.engine) as session:
         actions = session.scalars(select(AuditEntry.action).order_by(AuditEntry.id)).all()
     assert actions == ["suppress", "lift"]
+
+
+def test_ops_list_a_recipient_as_messages_carry_it(rig: Rig) -> None:
+    """An address typed with another case in its domain is the address a message carries
+    (``enqueue``'s canonical form), so it suppresses that message and lifts with any case; a
+    recipient that is not one for the channel is refused naming ``recipient``, not echoing
+    it, and nothing is written."""
+    email = settings_from_mapping(
+        {
+            "providers": {"stub": {"kind": "http", "base_url": rig.stub.url}},
+            "channels": {"sms": {"provider": "stub"}, "email": {"provider": "stub"}},
+        },
+        database_url=rig.settings.database_url,
+        broker_url="memory://",
+        redis_url=None,
+    )
+    lists = Suppressions(email)
+    with Session(rig.service.engine) as session:
+        assert ops_suppress(session, lists, "email", "Ann@Example.COM", actor="test")
+        session.commit()
+        with pytest.raises(InvalidMessage) as refused:
+            ops_suppress(session, lists, "sms", "867-5309", actor="test")
+        assert refused.value.field == "recipient" and "867" not in str(refused.value)
+        with rig.service.engine.connect() as conn:
+            assert lists.listed(conn, [("email", "Ann@example.com")]) == {0}
+        assert ops_lift(session, lists, "email", "Ann@EXAMPLE.com", actor="test")
+        session.commit()
+        assert session.scalar(select(func.count()).select_from(Suppression)) == 0

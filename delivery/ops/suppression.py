@@ -2,7 +2,8 @@
 
 The list holds keyed hashes only (``delivery.guards.suppression``): a listing shows each
 entry's channel, the first characters of its hash, its code and its source, never a
-recipient; adding or lifting takes the recipient and hashes it the same way.
+recipient; adding or lifting takes the recipient, checks it and puts it in the form messages
+carry it (``enqueue``'s rules), and hashes it the same way a worker does.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from delivery.config.settings import CHANNELS
 from delivery.errors import ConfigError, InvalidMessage
 from delivery.guards.suppression import Suppressions
 from delivery.ops.audit import record
+from delivery.outbox.validation import check_recipient
 
 __all__ = ["SuppressionRow", "lift", "suppress", "suppressions"]
 
@@ -41,13 +43,20 @@ class SuppressionRow:
         }
 
 
-def _ready(lists: Suppressions, channel: str) -> None:
+def _ready(lists: Suppressions, channel: str, recipient: str) -> str:
+    """``recipient`` as messages to ``channel`` carry it (``enqueue``'s canonical form: an
+    email's domain in lower case, ...), which is what a worker hashes; ``InvalidMessage``
+    naming ``recipient`` (never echoing it) when it is not one."""
     if lists.key is None:
         raise ConfigError(
             "delivery.suppression_secret_env", "its environment variable is unset: no list"
         )
     if channel not in CHANNELS:
         raise InvalidMessage("channel", f"{channel!r} is not one of {', '.join(CHANNELS)}")
+    try:
+        return check_recipient(channel, recipient)
+    except InvalidMessage as exc:
+        raise InvalidMessage("recipient", f"{exc.problem} (for channel {channel})") from None
 
 
 def suppressions(
@@ -66,7 +75,7 @@ def suppress(
     session: Session, lists: Suppressions, channel: str, recipient: str, *, actor: str
 ) -> bool:
     """Put ``recipient`` on ``channel``'s list (audited); False if it was on it already."""
-    _ready(lists, channel)
+    recipient = _ready(lists, channel, recipient)
     added = lists.add(session.connection(), channel, recipient, code=None, source=actor)
     if added:
         shown = (lists.hash(channel, recipient) or "")[:_SHOWN]
@@ -78,7 +87,7 @@ def lift(
     session: Session, lists: Suppressions, channel: str, recipient: str, *, actor: str
 ) -> bool:
     """Take ``recipient`` off ``channel``'s list (audited); False if it was not on it."""
-    _ready(lists, channel)
+    recipient = _ready(lists, channel, recipient)
     lifted = lists.lift(session.connection(), channel, recipient)
     if lifted:
         shown = (lists.hash(channel, recipient) or "")[:_SHOWN]
