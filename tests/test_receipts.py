@@ -17,6 +17,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from sqlalchemy import create_engine, func, select
 from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook
@@ -29,7 +31,13 @@ from delivery.receipts import MAX_BODY, Receiver, make_receiver
 from delivery.receipts.standard import StandardReceipts
 from delivery.relay.sweeper import sweep
 from delivery.runtime.db import make_engine
-from delivery.transitions.receipts import Effect, ReceiptEvent, record, record_many
+from delivery.transitions.receipts import (
+    RECEIPT_STATUSES,
+    Effect,
+    ReceiptEvent,
+    record,
+    record_many,
+)
 from tests.factories import add
 from tests.fence_kit import fence_db, fence_engine
 
@@ -83,6 +91,33 @@ def test_every_order_of_the_same_receipts_ends_in_the_same_status(outbox: Sessio
                 select(func.count()).select_from(Receipt).join(Message).where(Message.key == key)
             )
             assert stored == 3
+
+
+@settings(
+    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(data=st.data())
+def test_any_run_of_receipts_ends_at_the_highest_final_one(
+    session: Session, data: st.DataObject
+) -> None:
+    """Any sequence of receipts for one ``sent`` or ``unknown`` message (queued, sent,
+    delivered, undelivered; events repeated as a provider retries them), one by one or in one
+    batch, ends at the highest final status it reported (delivered over undelivered), or
+    where it was; one row per event."""
+    kinds = data.draw(st.lists(st.sampled_from(RECEIPT_STATUSES), min_size=1, max_size=5))
+    run = data.draw(st.lists(st.integers(0, len(kinds) - 1), min_size=1, max_size=10))
+    start = data.draw(st.sampled_from(["sent", "unknown"]))
+    together = data.draw(st.booleans())
+    key = f"any-{uuid.uuid4().hex}"
+    add(session, key, start)
+    events = [event(key, kind, f"{key}-{n}") for n, kind in enumerate(kinds)]
+    said = {kinds[n] for n in run}
+    expected = next((s for s in ("delivered", "undelivered") if s in said), start)
+    assert recorded(session, [events[n] for n in run], together) == expected
+    rows = session.scalar(
+        select(func.count()).select_from(Receipt).join(Message).where(Message.key == key)
+    )
+    assert rows == len(set(run))
 
 
 def test_a_batch_says_what_each_of_its_receipts_did_in_order(outbox: Session) -> None:
