@@ -58,38 +58,35 @@ def submit_all(commits: GroupCommit[int, int], items: Sequence[int]) -> dict[int
     return results
 
 
+def behind_a_first(store: Store, commits: GroupCommit[int, int], n: int) -> dict[int, object]:
+    """Submit 0, and once the writer holds it in ``store``, 1..n, which queue up behind it;
+    then let ``store`` go on. What each of 0..n got."""
+    results: dict[int, object] = {}
+    first = threading.Thread(target=lambda: results.update(submit_all(commits, [0])))
+    first.start()
+    assert store.entered.wait(10)  # the writer took 0 and waits in store
+    rest = threading.Thread(target=lambda: results.update(submit_all(commits, range(1, n + 1))))
+    rest.start()
+    until(lambda: commits._queue.qsize() >= n)
+    store.release.set()
+    for thread in (first, rest):
+        thread.join(15)
+    return results
+
+
 def test_receipts_in_flight_at_once_are_stored_by_one_call() -> None:
     store = Store()
-    commits = GroupCommit(store, limit=64)
-    first = threading.Thread(target=commits.submit, args=(0, 10))
-    first.start()
-    assert store.entered.wait(10)  # the writer took it and waits in store
-    results: dict[int, object] = {}
-    waiting = threading.Thread(target=lambda: results.update(submit_all(commits, range(1, 21))))
-    waiting.start()
-    until(lambda: commits._queue.qsize() >= 20)
-    store.release.set()
-    first.join(10)
-    waiting.join(15)
+    results = behind_a_first(store, GroupCommit(store, limit=64), 20)
     assert len(store.batches) == 2 and store.batches[0] == [0]
     assert sorted(store.batches[1]) == list(range(1, 21))
-    assert results == {item: item * 10 for item in range(1, 21)}
+    assert results == {item: item * 10 for item in range(21)}
 
 
 def test_a_batch_is_never_larger_than_its_limit() -> None:
     store = Store()
-    commits = GroupCommit(store, limit=4)
-    first = threading.Thread(target=commits.submit, args=(0, 10))
-    first.start()
-    assert store.entered.wait(10)
-    results: dict[int, object] = {}
-    waiting = threading.Thread(target=lambda: results.update(submit_all(commits, range(1, 11))))
-    waiting.start()
-    until(lambda: commits._queue.qsize() >= 10)
-    store.release.set()
-    waiting.join(15)
+    results = behind_a_first(store, GroupCommit(store, limit=4), 10)
     assert max(len(batch) for batch in store.batches) == 4
-    assert results == {item: item * 10 for item in range(1, 11)}
+    assert results == {item: item * 10 for item in range(11)}
 
 
 def test_a_bad_receipt_fails_alone() -> None:
@@ -108,17 +105,7 @@ def test_a_database_that_is_away_fails_the_whole_batch_at_once() -> None:
     """No receipt of the batch is tried again alone (each would wait out the database again):
     every one gets the error, and the receiver answers 503."""
     store = Store(away=True)
-    commits = GroupCommit(store)
-    results: dict[int, object] = {}
-    first = threading.Thread(target=lambda: results.update(submit_all(commits, [0])))
-    first.start()
-    assert store.entered.wait(10)  # the writer took the first and waits in store
-    waiting = threading.Thread(target=lambda: results.update(submit_all(commits, range(1, 6))))
-    waiting.start()
-    until(lambda: commits._queue.qsize() >= 5)
-    store.release.set()
-    waiting.join(15)
-    first.join(10)
+    results = behind_a_first(store, GroupCommit(store), 5)
     assert all(isinstance(result, OperationalError) for result in results.values())
     assert sorted(results) == [0, 1, 2, 3, 4, 5]
     assert len(store.batches) == 2  # [0], then the five together: none tried alone

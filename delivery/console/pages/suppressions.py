@@ -7,8 +7,7 @@ repeats it. Without the list's secret the page says the list is off and refuses 
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable
 
 from flask import Blueprint, abort, flash, redirect, render_template, request, url_for
 from werkzeug.wrappers import Response
@@ -48,7 +47,7 @@ def suppressions_page() -> str:
 
 def _form(lists: Suppressions) -> tuple[str, str]:
     """The form's channel and recipient; a 400 when the list is off or the channel unknown
-    (the recipient is checked where it is hashed, ``ops.suppression``: ``_refused``)."""
+    (the recipient is checked where it is hashed, ``ops.suppression``: see ``_change``)."""
     off = _off_note(lists)
     if off is not None:
         abort(400, f"{off} Nothing was written.")
@@ -58,35 +57,27 @@ def _form(lists: Suppressions) -> tuple[str, str]:
     return channel, request.form.get("recipient", "")
 
 
-@contextlib.contextmanager
-def _refused() -> Iterator[None]:
-    """A recipient ``ops.suppression`` refuses: a 400 naming the field, the recipient not
-    echoed (its problem never quotes it), nothing written."""
-    try:
-        yield
-    except InvalidMessage as exc:
-        abort(400, f"{exc}; nothing was written")
-
-
 @blueprint.post("/suppressions/add")
 def add() -> Response:
-    lists = Suppressions(state().settings)
-    channel, recipient = _form(lists)
-    session = db()
-    with _refused():
-        added = suppress(session, lists, channel, recipient, actor=actor())
-    session.commit()
-    flash(f"{channel}: recipient " + ("added" if added else "was already on the list"))
-    return redirect(url_for("suppressions.suppressions_page"), 303)
+    return _change(suppress, "added", "was already on the list")
 
 
 @blueprint.post("/suppressions/lift")
 def lift_one() -> Response:
+    return _change(lift, "lifted", "was not on the list")
+
+
+def _change(change: Callable[..., bool], done: str, not_done: str) -> Response:
+    """Add or lift (``change``: ``ops.suppression``'s, audited) the form's recipient, and say
+    which happened. A recipient it refuses is a 400 naming the field, the recipient not
+    echoed (its problem never quotes it), nothing written."""
     lists = Suppressions(state().settings)
     channel, recipient = _form(lists)
     session = db()
-    with _refused():
-        lifted = lift(session, lists, channel, recipient, actor=actor())
+    try:
+        changed = change(session, lists, channel, recipient, actor=actor())
+    except InvalidMessage as exc:
+        abort(400, f"{exc}; nothing was written")
     session.commit()
-    flash(f"{channel}: recipient " + ("lifted" if lifted else "was not on the list"))
+    flash(f"{channel}: recipient " + (done if changed else not_done))
     return redirect(url_for("suppressions.suppressions_page"), 303)
