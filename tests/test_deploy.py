@@ -20,13 +20,25 @@ import yaml
 
 from delivery.config.loading import load_settings
 from delivery.console import parse_users
+from delivery.providers.webhook import decode_secrets
 from tests.conftest import IN_CI
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ROOT / "docker-compose.yml"
 DOCKERFILE = ROOT / "deploy" / "Dockerfile"
 ENV_EXAMPLE = ROOT / "deploy" / "env.example"
-SERVICES = {"console", "postgres", "redis", "migrate", "worker", "beat", "flower", "stub", "app"}
+SERVICES = {
+    "console",
+    "postgres",
+    "redis",
+    "migrate",
+    "worker",
+    "beat",
+    "flower",
+    "receiver",
+    "stub",
+    "app",
+}
 ENV_DIR = "${DELIVERY_ENV_DIR:-deploy/env.example}/"
 # Which env files (so which secrets) each service gets: each only what it needs.
 ENV_FILES = {
@@ -38,6 +50,7 @@ ENV_FILES = {
     "flower": {"delivery.env", "broker.env", "flower.env"},
     "stub": set(),
     "console": {"delivery.env", "database.env", "broker.env", "console.env"},
+    "receiver": {"delivery.env", "database.env", "receipts.env"},
     "app": {"delivery.env", "database.env", "broker.env", "app.env"},
 }
 
@@ -246,24 +259,25 @@ def test_each_service_gets_only_the_secrets_it_needs() -> None:
     assert holders["providers.env"] == {"worker"}
     assert holders["flower.env"] == {"flower"}
     assert holders["console.env"] == {"console"}
+    assert holders["receipts.env"] == {"receiver"}
     assert holders["postgres.env"] == {"postgres"} and holders["redis.env"] == {"redis"}
     assert "flower" not in holders["database.env"] and "stub" not in set().union(*holders.values())
     assert "FLOWER_BASIC_AUTH" in files["flower.env"] and "REDIS_PASSWORD" in files["redis.env"]
     secretish = re.compile(r"PASSWORD|SECRET|TOKEN|AUTH|_KEY")
     for name, values in files.items():
-        if name not in ("postgres.env", "redis.env", "flower.env", "console.env"):
+        if name not in ("postgres.env", "redis.env", "flower.env", "console.env", "receipts.env"):
             assert not any(secretish.search(v) for v in values), name
 
 
 def test_published_ports_are_on_loopback_only() -> None:
-    """Flower, the console and the example app are published on the host's 127.0.0.1, nothing on all
-    interfaces."""
+    """Flower, the console, the receipt receiver and the example app are published on the
+    host's 127.0.0.1, nothing on all interfaces."""
     published = {
         name: service["ports"]
         for name, service in compose()["services"].items()
         if "ports" in service
     }
-    assert set(published) == {"flower", "console", "app"}
+    assert set(published) == {"flower", "console", "receiver", "app"}
     for name, ports in published.items():
         for port in ports:
             assert str(port).startswith("127.0.0.1:"), (name, port)
@@ -331,8 +345,9 @@ def test_make_env_writes_a_folder_compose_and_flower_accept(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     """deploy/make_env.py fills every placeholder with random passwords (owner-only files,
-    consistent between redis.env and the URLs), Flower accepts its credentials and
-    docker-compose validates the file with DELIVERY_ENV_DIR pointing at it."""
+    consistent between redis.env and the URLs), Flower accepts its credentials, the receiver
+    its receipts' secret, and docker-compose validates the file with DELIVERY_ENV_DIR
+    pointing at it."""
     import runpy
 
     target = tmp_path / "env"
@@ -348,6 +363,10 @@ def test_make_env_writes_a_folder_compose_and_flower_accept(
     assert f":{pg}@" in files["database.env"]["DELIVERY_DATABASE_URL"] and pg != password
     config = flower_config(monkeypatch, tmp_path, files["flower.env"]["FLOWER_BASIC_AUTH"])
     assert config["basic_auth"] == [files["flower.env"]["FLOWER_BASIC_AUTH"]]
+    # the receiver takes the secret written, and refuses the example's placeholder
+    assert len(decode_secrets(files["receipts.env"]["DELIVERY_RECEIPTS_SECRET"])[0]) == 32
+    with pytest.raises(ValueError):
+        decode_secrets(env_files()["receipts.env"]["DELIVERY_RECEIPTS_SECRET"])
     binary = shutil.which("docker-compose")
     if binary is None:
         if IN_CI:
