@@ -20,6 +20,7 @@ import yaml
 
 from delivery.config.loading import load_settings
 from delivery.console import parse_users
+from delivery.providers.secrets import check_secrets
 from delivery.providers.webhook import decode_secrets
 from tests.conftest import IN_CI
 
@@ -401,6 +402,37 @@ def test_env_example_and_toml_configure_the_compose_services() -> None:
     assert settings.max_countdown == 300
     assert {p.base_url for p in settings.providers.values()} == {"http://stub:9090"}
     assert set(settings.channels) == {"sms", "email", "webhook"}
+
+
+def test_each_service_starts_with_only_its_own_env_files() -> None:
+    """deploy/delivery.toml asks no service for a secret it is not given: the worker's
+    start-up check passes on the worker's files, and the receiver's protocols on its own."""
+    from delivery.receipts.protocols import protocols
+
+    config = str(ROOT / compose()["x-service"]["volumes"][0].split(":")[0])
+    files = make_env_files()
+    for service in ("worker", "receiver"):
+        env: dict[str, str] = {}
+        for name in ENV_FILES[service]:
+            env.update(files[name])
+        settings = load_settings(
+            {**env, "DELIVERY_CONFIG": config}, publishes=service != "receiver"
+        )
+        if service == "worker":
+            check_secrets(settings, env)
+        else:
+            assert set(protocols(settings, env)) == {"stub"}
+
+
+def make_env_files() -> dict[str, dict[str, str]]:
+    """What deploy/make_env.py writes (the example folder's placeholders filled)."""
+    import runpy
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as folder:
+        target = Path(folder) / "env"
+        runpy.run_path(str(ROOT / "deploy" / "make_env.py"), run_name="make_env")["main"](target)
+        return env_files(target)
 
 
 def test_dockerfile_is_slim_non_root_and_bakes_no_secret() -> None:

@@ -262,7 +262,8 @@ def test_worker_start_fails_loudly_without_a_provider_secret(tmp_path: Path) -> 
 
 def test_check_secrets_names_every_missing_variable() -> None:
     """``check_secrets`` passes when every secret is set and otherwise names the dotted key
-    and variable of each missing one (api_key_env and adapters' own ``*_env`` keys)."""
+    and variable of each missing one (api_key_env and adapters' own ``*_env`` keys); the
+    receipts' secret is the receiver's to check, not a worker's."""
     import delivery
 
     base, t = delivery.get_settings(), Timeouts()
@@ -272,6 +273,7 @@ def test_check_secrets_names_every_missing_variable() -> None:
             "sms", "twilio", "http://x", t, options={"auth_token_env": "TW_TOKEN"}
         ),
         "hooks": ProviderConfig("hooks", "webhook", "", t, options={"secret_env": "HOOK_SECRET"}),
+        "ref": ProviderConfig("ref", "http", "http://x", t, options={"receipt_secret_env": "R"}),
     }
     settings = base.with_(providers=providers)
     full = {"MAIL_KEY": "a", "TW_TOKEN": "b", "HOOK_SECRET": "c"}

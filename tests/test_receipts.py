@@ -361,6 +361,24 @@ def test_the_receiver_refuses_to_start_broken(db_url: str) -> None:
     assert make_receiver(settings, {"STUB_RECEIPTS": SECRET}).checks.keys() == {"stub"}
 
 
+def test_the_receiver_needs_no_broker(
+    db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``delivery receiver`` (it faces the internet) starts with the outbox and its secret
+    alone: no DELIVERY_BROKER_URL, so no broker password, in its environment."""
+    from delivery.cli.receiver import serving
+
+    config = tmp_path / "receipts.toml"
+    stub = '[providers.stub]\nkind = "http"\nbase_url = "http://h"\n'
+    config.write_text(stub + 'receipt_secret_env = "STUB_RECEIPTS"\n')
+    monkeypatch.setenv("DELIVERY_CONFIG", str(config))
+    monkeypatch.setenv("STUB_RECEIPTS", SECRET)
+    monkeypatch.delenv("DELIVERY_BROKER_URL", raising=False)
+    receiver = serving()
+    assert receiver.checks.keys() == {"stub"}
+    receiver.engine.dispose()
+
+
 def test_a_receipt_that_resolves_an_unknown_message_is_audited(
     receiver: httpx.Client, session: Session
 ) -> None:

@@ -88,6 +88,6 @@ def serving() -> Receiver:
     serves, and what the command checks before it starts."""
     from delivery.receipts import make_receiver
 
-    settings = load_settings()
+    settings = load_settings(publishes=False)  # needs no broker (nor its password)
     use_outcome_hooks(settings)
     return make_receiver(settings)

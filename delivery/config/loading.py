@@ -109,8 +109,12 @@ def _providers(config: ConfigFile) -> dict[str, ProviderConfig]:
     return providers
 
 
-def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
+def load_settings(environ: Mapping[str, str] | None = None, *, publishes: bool = True) -> Settings:
     """Read the environment (and ``DELIVERY_CONFIG``'s TOML file) into validated settings.
+
+    ``publishes=False`` is for a process that never publishes a task (the receipt receiver,
+    which faces the internet and so is given no broker password): ``DELIVERY_BROKER_URL`` may
+    then be unset, and its settings carry ``memory://``.
 
     With nothing set this is the embedded default: a SQLite outbox and a file broker in
     ``./.delivery``, no Redis, and every channel sent to the stub provider on port 9090.
@@ -131,6 +135,8 @@ def load_settings(environ: Mapping[str, str] | None = None) -> Settings:
         database_url, broker_url = f"sqlite:///{home}/outbox.sqlite3", "filesystem://"
     else:
         for name in REQUIRED_VARIABLES:
+            if name == "DELIVERY_BROKER_URL" and not publishes:
+                given[name] = given[name] or "memory://"
             if given[name] is None:
                 others = ", ".join(n for n, v in given.items() if v)
                 raise ConfigError(

@@ -3,8 +3,11 @@ instead of killing every message at send time.
 
 A provider's secrets are named by environment variables: ``api_key_env`` (every kind) and
 each of its own keys whose name ends with ``_env`` (``auth_token_env`` for Twilio,
-``secret_env`` for webhooks, ...). ``check_secrets`` raises one ``ConfigError`` naming every
-dotted key whose variable is unset or empty; it names variables, never their values.
+``secret_env`` for webhooks, ...), but for the receipts' (``RECEIVER_SECRETS``): a worker
+never reads those, and ``delivery receiver`` checks them at its own start
+(``delivery.receipts.protocols``), so a worker never needs them. ``check_secrets`` raises one
+``ConfigError`` naming every dotted key whose variable is unset or empty; it names variables,
+never their values.
 """
 
 from __future__ import annotations
@@ -15,7 +18,10 @@ from collections.abc import Mapping
 from delivery.config.settings import Settings
 from delivery.errors import ConfigError
 
-__all__ = ["check_secrets"]
+__all__ = ["RECEIVER_SECRETS", "check_secrets"]
+
+RECEIVER_SECRETS = frozenset({"receipt_secret_env"})
+"""The keys naming a secret only the receipt receiver reads."""
 
 
 def check_secrets(settings: Settings, environ: Mapping[str, str] | None = None) -> None:
@@ -28,6 +34,7 @@ def check_secrets(settings: Settings, environ: Mapping[str, str] | None = None) 
             (f"providers.{config.name}.{key}", var)
             for key, var in named
             if key.endswith("_env")
+            and key not in RECEIVER_SECRETS
             and isinstance(var, str)
             and var
             and not env.get(var, "").strip()
