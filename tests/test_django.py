@@ -39,7 +39,7 @@ import delivery
 from delivery.contrib.django import enqueue
 from delivery.contrib.django import models as django_models
 from delivery.contrib.django.connection import sqlalchemy_url
-from delivery.core.models import Attempt, AuditEntry, Message
+from delivery.core.models import Attempt, AuditEntry, Message, Receipt
 from tests.conftest import PG_URL, drained
 from tests.test_startup import scratch_database
 
@@ -115,6 +115,7 @@ def family(kind: str) -> str:
         (django_models.Message, Message.__table__),
         (django_models.Attempt, Attempt.__table__),
         (django_models.AuditEntry, AuditEntry.__table__),
+        (django_models.Receipt, Receipt.__table__),
     ],
 )
 def test_unmanaged_models_match_the_sqlalchemy_columns(django_model: Any, table: Any) -> None:
@@ -154,7 +155,7 @@ def test_models_read_the_tables_delivery_db_upgrade_created(db: Engine) -> None:
     """The tables the Alembic migration created have exactly the models' columns, and a message
     enqueued through SQLAlchemy reads back through the Django model with its payload."""
     with connection.cursor() as cursor:
-        for model in (django_models.Message, django_models.Attempt):
+        for model in (django_models.Message, django_models.Attempt, django_models.Receipt):
             described = connection.introspection.get_table_description(cursor, model._meta.db_table)
             assert {c.name for c in described} == {f.column for f in model._meta.concrete_fields}
     later = dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)
@@ -379,6 +380,22 @@ def test_admin_save_never_overwrites_a_transition_committed_while_the_page_was_o
     response = admin_client.post(url, change_form(html))
     assert response.status_code == 403
     assert status_of(db, message.key) == ("cancelled" if concurrent == "cancel" else "sent")
+
+
+def test_the_admin_message_page_shows_its_receipts(admin_client: Client, db: Engine) -> None:
+    """A message's delivery receipts, in its change page, read-only, with what each did."""
+    from delivery.transitions.receipts import ReceiptEvent, record
+
+    with transaction.atomic():
+        message = enqueue(channel="sms", to="+12015550108", payload={"body": "x"})
+    with db.begin() as conn:
+        conn.execute(
+            text("UPDATE delivery_messages SET status = 'sent' WHERE id = :i"), {"i": message.id}
+        )
+        record(conn, ReceiptEvent("stub", "evt-admin-1", message.key, "delivered"))
+    html = admin_client.get(f"{ADMIN}{message.id}/change/").content.decode()
+    assert "evt-admin-1" in html and "delivered" in html and "moved" in html
+    assert django_models.Message.objects.get(pk=message.id).receipts.count() == 1
 
 
 def test_admin_resolve_actions_settle_unknown_messages_only(

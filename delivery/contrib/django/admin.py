@@ -23,20 +23,29 @@ from sqlalchemy.orm import Session
 
 from delivery import ops
 from delivery.contrib.django.connection import borrowed_session
-from delivery.contrib.django.models import Attempt, Message
+from delivery.contrib.django.models import Attempt, Message, Receipt
 from delivery.contrib.nudge import nudge_after_commit
 from delivery.core.status import Status
 from delivery.observability.events import mask, tell_outcomes
 from delivery.outbox.validation import canonical_json
 
-__all__ = ["AttemptInline", "MessageAdmin", "cancel", "redrive", "resolve_dead", "resolve_sent"]
+__all__ = [
+    "AttemptInline",
+    "MessageAdmin",
+    "ReceiptInline",
+    "cancel",
+    "redrive",
+    "resolve_dead",
+    "resolve_sent",
+]
 
 if TYPE_CHECKING:  # django-stubs' generics; Django's classes are not subscriptable at run time
     _ModelAdmin = admin.ModelAdmin[Message]
     _AttemptInline = admin.TabularInline[Attempt, Message]
+    _ReceiptInline = admin.TabularInline[Receipt, Message]
 else:
     _ModelAdmin = admin.ModelAdmin
-    _AttemptInline = admin.TabularInline
+    _AttemptInline = _ReceiptInline = admin.TabularInline
 
 READ_ONLY = "the outbox admin is read-only: use its actions (redrive, cancel, resolve)"
 # (ref, applied, reason) of one message, whatever the operation.
@@ -158,6 +167,16 @@ class AttemptInline(_ReadOnly, _AttemptInline):
     readonly_fields = fields
 
 
+class ReceiptInline(_ReadOnly, _ReceiptInline):
+    """The provider's delivery receipts, oldest first, read-only, with what each did."""
+
+    model = Receipt
+    extra = 0
+    can_delete = False
+    fields = ("received_at", "provider", "event", "status", "code", "provider_at", "effect")
+    readonly_fields = fields
+
+
 @admin.register(Message)
 class MessageAdmin(_ReadOnly, _ModelAdmin):
     """Messages, newest first, filtered by status; read-only apart from the actions."""
@@ -175,7 +194,7 @@ class MessageAdmin(_ReadOnly, _ModelAdmin):
     list_filter = ("status", "channel", "provider")
     search_fields = ("=key", "=provider_ref")
     actions = (redrive, cancel, resolve_sent, resolve_dead)
-    inlines = (AttemptInline,)
+    inlines = (AttemptInline, ReceiptInline)
     fields = (
         "id",
         "key",

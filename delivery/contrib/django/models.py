@@ -112,6 +112,38 @@ class Attempt(models.Model):
         return f"attempt {self.number} of message {self.message_id}: {self.outcome}"
 
 
+class Receipt(models.Model):
+    """A provider's delivery receipt and what it did to its message (``moved``, ``kept`` or
+    ``waiting``; ``delivery.core.models.Receipt``). Written by the receiver; read-only here."""
+
+    id: models.BigAutoField[int, int] = models.BigAutoField(primary_key=True)
+    message: models.ForeignKey[Message, Message] = models.ForeignKey(
+        Message,
+        on_delete=models.DO_NOTHING,  # the database cascades (ON DELETE CASCADE)
+        db_constraint=False,
+        related_name="receipts",
+    )
+    message_id: int
+    provider: models.CharField[str, str] = models.CharField(max_length=64)
+    event: models.CharField[str, str] = models.CharField(max_length=255)
+    status: models.CharField[str, str] = models.CharField(max_length=16)
+    code: models.CharField[str | None, str | None] = models.CharField(max_length=64, null=True)
+    provider_at: models.DateTimeField[dt.datetime | None, dt.datetime | None] = (
+        models.DateTimeField(null=True)
+    )
+    received_at: models.DateTimeField[dt.datetime, dt.datetime] = models.DateTimeField()
+    effect: models.CharField[str, str] = models.CharField(max_length=16)
+
+    class Meta:
+        managed = False
+        db_table = "delivery_receipts"
+        ordering = ("id",)
+        verbose_name = "delivery receipt"
+
+    def __str__(self) -> str:
+        return f"receipt {self.event} of message {self.message_id}: {self.status}"
+
+
 class AuditEntry(models.Model):
     """One operator action (``delivery.core.models.AuditEntry``): who, when, what, on which
     message, from which status to which. Written by ``delivery.ops``; read-only here."""
