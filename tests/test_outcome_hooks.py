@@ -4,7 +4,7 @@
 (inside the hook a connection of its own already reads the new status), never when it is
 rolled back.
 
-Each path to those statuses is driven on the suite's PostgreSQL outbox: a receipt recorded in
+Each path to those statuses is driven on a PostgreSQL outbox of its own: a receipt recorded in
 a transaction, the sweeper applying a waiting one, the receiver, a permanent answer settled, a
 provider not configured, a suppressed recipient, and an operator's resolve (the CLI, and a
 ``Session`` as the console's). A walk of the source checks that every transaction that can
@@ -31,6 +31,7 @@ from sqlalchemy import Engine, Row, create_engine, select, text
 from sqlalchemy.orm import Session
 from standardwebhooks.webhooks import Webhook
 
+import delivery
 from delivery import Outcome, add_outcome_hook, remove_outcome_hook
 from delivery.cli import main
 from delivery.config.loading import load_settings
@@ -61,10 +62,14 @@ from delivery.sending.sender import ROW, deliver
 from delivery.sending.settle import after_send
 from delivery.transitions import Sending
 from delivery.transitions.receipts import ReceiptEvent, record
-from tests.conftest import PG_URL
+from tests.conftest import PG_SERVER
 from tests.factories import RECIPIENT, add
+from tests.fence_kit import FENCE_DB, fence_db, fence_engine
+
+__all__ = ["fence_db", "fence_engine"]  # fixtures, used by name
 
 ROOT = Path(__file__).resolve().parents[1]
+OUTBOX_URL = f"{PG_SERVER}/{FENCE_DB}"
 SECRET = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
 
 
@@ -77,10 +82,27 @@ class Told:
 
 
 @pytest.fixture
+def clean(
+    fence_db: Engine, stub: Any, redis_client: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Engine]:
+    """An outbox of this module's own (``fence_kit``'s database), emptied, with closed
+    breakers and a stub without faults. No worker or beat of the suite's runs on it: on the
+    suite's outbox, once a pipeline test has started them, the relay claims a pending row and
+    the sweeper recovers a ``sending`` one under a test. The environment's
+    DELIVERY_DATABASE_URL names it (for the CLI and ``load_settings``) during the test, and
+    the process's settings are read again afterwards."""
+    monkeypatch.setenv("DELIVERY_DATABASE_URL", OUTBOX_URL)
+    redis_client.flushdb()
+    stub.reset()
+    yield fence_db
+    delivery.configure(None)
+
+
+@pytest.fixture
 def told(clean: Engine) -> Iterator[Told]:
     """A hook that records each outcome and reads its message's status on an engine of its
     own (never a connection of the transaction that made it)."""
-    observer = create_engine(PG_URL)
+    observer = create_engine(OUTBOX_URL)
     record_of = Told()
 
     def hook(outcome: Outcome) -> None:
