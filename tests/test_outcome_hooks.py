@@ -400,6 +400,21 @@ def test_a_hook_that_does_not_import_refuses_to_start(name: str) -> None:
         assert name in str(caught.value)
 
 
+@pytest.mark.parametrize(
+    ("name", "said"),
+    [("tests.test_outcome_hooks:module_hook", "ok"), ("tests.test_outcome_hooks:gone", "gone")],
+)
+def test_config_check_imports_the_hooks(name: str, said: str, tmp_path: Path) -> None:
+    """``delivery config check`` imports each hook as a process would at its start: ok, or
+    exit 2 in one line naming ``delivery.outcome_hooks``."""
+    config = tmp_path / "hooks.toml"
+    config.write_text(f'[delivery]\noutcome_hooks = ["{name}"]\n')
+    result = CliRunner().invoke(main, ["config", "check", str(config)])
+    assert said in result.output
+    if said != "ok":
+        assert result.exit_code == 2 and "delivery.outcome_hooks" in result.output
+
+
 def test_a_hook_name_is_checked_with_the_settings() -> None:
     from delivery.config.loading import settings_from_mapping
 

@@ -12,6 +12,7 @@ from importlib.resources import files
 import click
 
 from delivery.config.loading import load_settings
+from delivery.runtime.hooks import outcome_hooks
 
 __all__ = ["config_group"]
 
@@ -26,13 +27,13 @@ def config_group() -> None:
 def check_command(file: str | None) -> None:
     """Check FILE (or $DELIVERY_CONFIG) and the environment; print ok.
 
-    Settings load as at every start-up, DELIVERY_* variables included; a wrong value prints
-    one line naming its key and exits 2.
+    Settings load as at every start-up, DELIVERY_* variables included, and the outcome hooks
+    they name import; a wrong value prints one line naming its key and exits 2.
     """
     environ = dict(os.environ)
     if file is not None:
         environ["DELIVERY_CONFIG"] = file
-    load_settings(environ)
+    outcome_hooks(load_settings(environ))  # as each process imports them at its start
     click.echo("ok")
 
 
