@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import click
 
 from delivery.cli.common import cell, echo_json, new_console, new_table, open_session
 from delivery.config.loading import load_settings
+from delivery.config.settings import CHANNELS
 from delivery.guards.suppression import Suppressions
 from delivery.ops.audit import cli_actor
 from delivery.ops.suppression import lift, suppress, suppressions
 
 __all__ = ["suppression_group"]
 
-_CHANNEL = click.argument("channel", type=click.Choice(["sms", "email", "webhook"]))
+_CHANNEL = click.argument("channel", type=click.Choice(CHANNELS))
 _RECIPIENT = click.argument("recipient")
 
 
@@ -46,11 +49,7 @@ def list_command(limit: int, as_json: bool) -> None:
 @_RECIPIENT
 def add_command(channel: str, recipient: str) -> None:
     """Never send to RECIPIENT on CHANNEL again (audited)."""
-    settings = load_settings()
-    with open_session(settings) as session:
-        added = suppress(session, Suppressions(settings), channel, recipient, actor=cli_actor())
-        session.commit()
-    click.echo("added" if added else "already on the list")
+    _change(suppress, channel, recipient, "added", "already on the list")
 
 
 @suppression_group.command("lift")
@@ -58,10 +57,17 @@ def add_command(channel: str, recipient: str) -> None:
 @_RECIPIENT
 def lift_command(channel: str, recipient: str) -> None:
     """Let RECIPIENT be sent to on CHANNEL again (audited); exit 1 if it was not listed."""
+    if not _change(lift, channel, recipient, "lifted", "not on the list"):
+        raise SystemExit(1)
+
+
+def _change(
+    change: Callable[..., bool], channel: str, recipient: str, done: str, not_done: str
+) -> bool:
+    """Add or lift (``change``: ``ops.suppression``'s, audited) and say which happened."""
     settings = load_settings()
     with open_session(settings) as session:
-        lifted = lift(session, Suppressions(settings), channel, recipient, actor=cli_actor())
+        changed = change(session, Suppressions(settings), channel, recipient, actor=cli_actor())
         session.commit()
-    click.echo("lifted" if lifted else "not on the list")
-    if not lifted:
-        raise SystemExit(1)
+    click.echo(done if changed else not_done)
+    return changed
