@@ -32,8 +32,8 @@ def basic(user: tuple[str, str]) -> dict[str, str]:
     return {"Authorization": f"Basic {token}"}
 
 
-@pytest.fixture
-def app(db_url: str) -> Iterator[Flask]:
+def console_app() -> Flask:
+    """The console on the environment's settings, with an operator and a viewer."""
     users = parse_users(
         {
             "DELIVERY_CONSOLE_AUTH": f"{OPERATOR[0]}:{OPERATOR[1]}",
@@ -42,7 +42,12 @@ def app(db_url: str) -> Iterator[Flask]:
     )
     application = create_app(settings=load_settings(), users=users)
     application.testing = True
-    yield application
+    return application
+
+
+@pytest.fixture
+def app(db_url: str) -> Iterator[Flask]:
+    yield console_app()
 
 
 @pytest.fixture

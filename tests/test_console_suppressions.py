@@ -14,11 +14,9 @@ from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from delivery.config.loading import load_settings
-from delivery.console import parse_users
-from delivery.console.app import create_app
 from delivery.core.models import AuditEntry, Suppression
 from delivery.guards.suppression import Suppressions, recipient_hash
-from tests.test_console import OPERATOR, VIEWER, get, post, token
+from tests.test_console import OPERATOR, VIEWER, console_app, get, post, token
 
 LIST_SECRET = "a-console-suppression-secret"
 NUMBER = "+12015550147"
@@ -29,14 +27,7 @@ EMAIL = "ann.recipient@example.com"
 def app(clean: Engine, monkeypatch: pytest.MonkeyPatch) -> Iterator[Flask]:
     """The console on the suite's (emptied) database, with a suppression secret."""
     monkeypatch.setenv("DELIVERY_SUPPRESSION_SECRET", LIST_SECRET)
-    users = parse_users(
-        {
-            "DELIVERY_CONSOLE_AUTH": f"{OPERATOR[0]}:{OPERATOR[1]}",
-            "DELIVERY_CONSOLE_VIEWERS": f"{VIEWER[0]}:{VIEWER[1]}",
-        }
-    )
-    application = create_app(settings=load_settings(), users=users)
-    application.testing = True
+    application = console_app()
     yield application
     application.extensions["delivery_console"].sessions.kw["bind"].dispose()
 
