@@ -4,6 +4,7 @@ refuses to start broken (exit 2, one line naming the setting)."""
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -73,13 +74,22 @@ def receiver_command(host: str, port: int, processes: int, threads: int) -> None
             interface=Interfaces.WSGI,
             workers=processes,
             blocking_threads=threads,
+            websockets=False,
         )
+        logging.getLogger("_granian").addFilter(_threads_warning)  # Granian's own logger
         line = f"delivery receiver on http://{host}:{port}/receipts/ ({names}); Ctrl-C stops it"
         server.on_startup(lambda: click.echo(line, err=True))  # listening: requests wait
         server.serve()
     finally:
         if own_metrics_dir is not None:
             shutil.rmtree(own_metrics_dir, ignore_errors=True)
+
+
+def _threads_warning(record: logging.LogRecord) -> bool:
+    """Granian warns when a WSGI worker may run more threads than 2 x cores + 1, as threads
+    that compete for the CPU would. The receiver's mostly wait for their batch's commit, and
+    their number is what lets a batch grow (``--threads``): drop that warning, keep the rest."""
+    return "Python threads, which seems quite high" not in record.getMessage()
 
 
 def serving() -> Receiver:
