@@ -272,11 +272,19 @@ def _move(conn: Connection, row: Any, to: Status, code: str | None) -> bool:
     """``row`` (as just read) -> ``to``, fenced on its status (see the module docstring);
     emits the transition. False if it moved meanwhile."""
     current = Status(row.status)
-    statement = _MOVE_FROM_UNKNOWN if current is Status.UNKNOWN else _MOVE
-    if not conn.execute(statement, _move_params(row.id, current, to, utcnow())).rowcount:
+    if not _move_one(conn, row.id, current, to, utcnow()):
         return False
     emit_moved(row, current, to.value, "receipt", code)
     return True
+
+
+def _move_one(
+    conn: Connection, message_id: int, current: Status, to: Status, now: dt.datetime
+) -> bool:
+    """The one statement of one move, fenced on ``current``; False if it moved meanwhile."""
+    statement = _MOVE_FROM_UNKNOWN if current is Status.UNKNOWN else _MOVE
+    params = {"fence_id": message_id, "fence_status": current.value, "to": to.value, "at": now}
+    return bool(conn.execute(statement, params).rowcount)
 
 
 def _write(
@@ -307,14 +315,9 @@ def _write(
         if stored:
             conn.execute(_insert_once(conn.dialect.name), stored)
         for row, current, to, _ in moves:
-            statement = _MOVE_FROM_UNKNOWN if current is Status.UNKNOWN else _MOVE
-            conn.execute(statement, _move_params(row.id, current, to, now))
+            _move_one(conn, row.id, current, to, now)
     for row, current, to, code in moves:
         emit_moved(row, current, to.value, "receipt", code)
-
-
-def _move_params(message_id: int, current: Status, to: Status, now: dt.datetime) -> dict[str, Any]:
-    return {"fence_id": message_id, "fence_status": current.value, "to": to.value, "at": now}
 
 
 def _mark(conn: Connection, receipt_id: int, effect: Effect) -> None:
