@@ -15,11 +15,13 @@ from delivery.config.settings import Backoff
 from delivery.core.backoff import compute_backoff
 from delivery.core.outcomes import (
     Delivered,
+    Outcome,
     Permanent,
     Retryable,
     Unknown,
     classify_exception,
     classify_response,
+    created_nothing,
     parse_retry_after,
 )
 
@@ -93,7 +95,7 @@ def answer(
         (answer(503, html="<h1>down</h1>"), Retryable),
         (
             answer(429, {"code": "RATE_LIMITED"}, headers={"Retry-After": "3"}),
-            Retryable("RATE_LIMITED", "HTTP 429 Too Many Requests", 429, 3.0),
+            Retryable("RATE_LIMITED", "HTTP 429 Too Many Requests", 429, 3.0, True),
         ),
         (answer(502), Retryable),
         (answer(504), Retryable),
@@ -131,3 +133,31 @@ def test_2xx_without_reference_is_delivered_when_the_kind_has_none() -> None:
 def test_classify_exception(exc: httpx.HTTPError, expected: type) -> None:
     """Errors before the request left are retryable; after it was written, unknown."""
     assert isinstance(classify_exception(exc), expected)
+
+
+@pytest.mark.parametrize(
+    ("outcome", "nothing"),
+    [
+        (classify_exception(httpx.ConnectError("refused")), True),
+        (classify_exception(httpx.ConnectTimeout("slow")), True),
+        (classify_exception(httpx.PoolTimeout("busy")), True),
+        (classify_exception(httpx.ReadTimeout("lost")), False),
+        (classify_exception(httpx.WriteTimeout("half")), False),
+        (classify_response(answer(429, {"code": "RATE_LIMITED"})), True),
+        (classify_response(answer(503, html="<h1>down</h1>")), True),
+        (classify_response(answer(500)), False),
+        (classify_response(answer(502)), False),
+        (classify_response(answer(504)), False),
+        (classify_response(answer(408)), False),
+        (classify_response(answer(409, {"code": "IDEMPOTENCY_IN_PROGRESS"})), False),
+        (classify_response(answer(422, {"code": "IDEMPOTENCY_KEY_REUSED"})), False),
+        (classify_response(answer(201, {"id": "msg_1"})), False),
+    ],
+)
+def test_created_nothing_only_where_the_request_cannot_have_acted(
+    outcome: Outcome, nothing: bool
+) -> None:
+    """The failover rule's question of an attempt (docs/concepts.md, "Failover"): only an
+    answer that proves nothing was created lets a message move to another provider; a 5xx
+    other than 503, a 409 in progress, an unknown or a 4xx pins it."""
+    assert created_nothing(outcome) is nothing

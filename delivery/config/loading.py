@@ -14,6 +14,7 @@ this module reads the file and builds the frozen ``Settings`` from it. Nothing h
 
 from __future__ import annotations
 
+import math
 import os
 import tomllib
 from collections.abc import Mapping
@@ -21,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from delivery.config.settings import (
+    DEFAULT_FAILOVER_AFTER,
     DEFAULT_HOME,
     Backoff,
     BreakerConfig,
@@ -68,17 +70,22 @@ def settings_from_mapping(
         channels={
             name: ChannelConfig(
                 name,
-                table.provider,
-                table.on_unknown or config.providers[table.provider].adapter.default_on_unknown,
+                table.route[0],
+                table.on_unknown or config.providers[table.route[0]].adapter.default_on_unknown,
                 table.max_attempts,
+                table.route,
+                _failover_after(table.failover_after) or DEFAULT_FAILOVER_AFTER,
             )
             for name, table in config.channel_tables().items()
         },
         types={
             name: MessageType(
                 name=name,
-                **table.model_dump(exclude={"backoff"}),
+                **table.model_dump(exclude={"backoff", "provider", "providers", "failover_after"}),
                 backoff=None if table.backoff is None else Backoff(**table.backoff.model_dump()),
+                provider=table.route[0] if table.route else None,
+                providers=table.route or None,
+                failover_after=_failover_after(table.failover_after),
             )
             for name, table in config.types.items()
         },
@@ -86,6 +93,13 @@ def settings_from_mapping(
         home=home,
         **tuning,
     )
+
+
+def _failover_after(value: float | str | None) -> float | None:
+    """A table's ``failover_after``: seconds, ``"never"`` (``math.inf``), or None (unset)."""
+    if value is None:
+        return None
+    return math.inf if value == "never" else float(value)
 
 
 def _providers(config: ConfigFile) -> dict[str, ProviderConfig]:

@@ -12,17 +12,20 @@ Schema (``delivery config schema``) lists the built-in adapters' keys. Defaults 
 from __future__ import annotations
 
 import functools
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Annotated, Any, Self
+from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
+    PlainValidator,
     ValidationError,
+    WithJsonSchema,
     create_model,
     model_validator,
 )
@@ -235,12 +238,44 @@ def _options_model(keys: tuple[tuple[str, type | None], ...]) -> type[Table]:
     return create_model("AdapterOptions", __base__=Table, **fields)
 
 
-class ChannelTable(Table):
-    """``[channels.NAME]``: the provider a channel sends through, and its defaults."""
+def _failover_after(value: object) -> float | str:
+    if value == "never":
+        return "never"
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1e9:
+        return float(value)
+    raise ValueError('must be a number of seconds > 0, or "never"')
 
-    provider: Name
+
+#: ``failover_after``: seconds from enqueue, or ``"never"``.
+FailoverAfter = Annotated[
+    float | Literal["never"],
+    PlainValidator(_failover_after),
+    WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"const": "never"}]}),
+]
+
+
+class ChannelTable(Table):
+    """``[channels.NAME]``: the provider a channel sends through (``provider``), or the ordered
+    providers it fails over between (``providers``, the first where messages start), and
+    its defaults."""
+
+    provider: Name | None = None
+    providers: Annotated[list[Name], Field(min_length=1)] | None = None
     on_unknown: Policy | None = None  # default: the provider kind's (twilio: lookup)
     max_attempts: Count | None = None
+    failover_after: FailoverAfter | None = None  # default: DEFAULT_FAILOVER_AFTER
+
+    @model_validator(mode="after")
+    def _one_route(self) -> Self:
+        _route(self.provider, self.providers)
+        return self
+
+    @property
+    def route(self) -> tuple[str, ...]:
+        """Its ordered providers (``provider`` alone, or ``providers``)."""
+        return _route(self.provider, self.providers)
 
 
 class Channels(Table):
@@ -256,12 +291,41 @@ class TypeTable(Table):
 
     channel: Channel
     provider: Name | None = None
+    providers: Annotated[list[Name], Field(min_length=1)] | None = None  # default: the channel's
+    failover_after: FailoverAfter | None = None  # default: the channel's
     on_unknown: Policy | None = None
     max_attempts: Count | None = None
     backoff: BackoffTable | None = None
     priority: Priority = "normal"
     ttl: Seconds | None = None  # seconds from the due time; past it the message expires
     suppress: bool = True  # false: its messages go out to a suppressed recipient too
+
+    @model_validator(mode="after")
+    def _one_route(self) -> Self:
+        self.route  # noqa: B018  # checked: provider and providers agree
+        return self
+
+    @property
+    def route(self) -> tuple[str, ...]:
+        """Its own ordered providers; () : its channel's."""
+        if self.provider is None and self.providers is None:
+            return ()
+        return _route(self.provider, self.providers)
+
+
+def _route(provider: str | None, providers: list[str] | None) -> tuple[str, ...]:
+    """A table's ordered providers from ``provider`` and/or ``providers`` (which must then
+    start with it), each named once."""
+    if providers is None:
+        if provider is None:
+            raise Invalid("provider", "set provider (one) or providers (an ordered list)")
+        return (provider,)
+    if provider is not None and providers[0] != provider:
+        raise Invalid("provider", f"{provider!r} must be the first of providers, or left out")
+    twice = sorted({name for name in providers if providers.count(name) > 1})
+    if twice:
+        raise Invalid("providers", f"names {', '.join(twice)} more than once")
+    return tuple(providers)
 
 
 class ConfigFile(Table):
@@ -297,22 +361,29 @@ class ConfigFile(Table):
     def _references(self) -> Self:
         channels = self.channel_tables()
         for name, channel in channels.items():
-            self._lookup_check(f"channels.{name}", channel.provider, channel.on_unknown)
+            self._lookup_check(f"channels.{name}", channel.route, channel.on_unknown)
         for name, kind in self.types.items():
             if kind.channel not in channels:
                 problem = f"{kind.channel!r} is not a configured channel"
                 raise Invalid(f"types.{name}.channel", problem)
-            provider = kind.provider or channels[kind.channel].provider
-            self._lookup_check(f"types.{name}", provider, kind.on_unknown)
+            route = kind.route or channels[kind.channel].route
+            self._lookup_check(f"types.{name}", route, kind.on_unknown)
         self._send_lease_check()
         return self
 
-    def _lookup_check(self, where: str, provider: str, policy: UnknownPolicy | None) -> None:
-        if provider not in self.providers:
-            raise Invalid(f"{where}.provider", f"{provider!r} is not a configured provider")
-        adapter = self.providers[provider].adapter
+    def _lookup_check(
+        self, where: str, route: tuple[str, ...], policy: UnknownPolicy | None
+    ) -> None:
+        """Each provider of ``route`` is configured; an explicit ``lookup`` policy needs a
+        lookup at the first (the others are asked when they have one, and otherwise sent
+        again with the same key)."""
+        for provider in route:
+            if provider not in self.providers:
+                key = "provider" if len(route) == 1 else "providers"
+                raise Invalid(f"{where}.{key}", f"{provider!r} is not a configured provider")
+        adapter = self.providers[route[0]].adapter
         if policy is UnknownPolicy.LOOKUP and not adapter.supports_lookup:
-            problem = f"provider {provider!r} ({adapter.kind}) has no lookup"
+            problem = f"provider {route[0]!r} ({adapter.kind}) has no lookup"
             raise Invalid(f"{where}.on_unknown", problem)
 
     def _send_lease_check(self) -> None:

@@ -8,6 +8,7 @@ reads its secret from the environment when an adapter asks for it.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -17,6 +18,7 @@ from delivery.core.policies import UnknownPolicy
 
 __all__ = [
     "CHANNELS",
+    "DEFAULT_FAILOVER_AFTER",
     "DEFAULT_HOME",
     "DEFAULT_STUB_URL",
     "PRIORITIES",
@@ -28,6 +30,7 @@ __all__ = [
     "OnRedisError",
     "Priority",
     "ProviderConfig",
+    "Route",
     "Settings",
     "Timeouts",
 ]
@@ -38,6 +41,9 @@ OnRedisError = Literal["local", "allow"]
 CHANNELS: tuple[str, ...] = get_args(Channel)
 PRIORITIES: tuple[str, ...] = get_args(Priority)
 DEFAULT_HOME = ".delivery"
+DEFAULT_FAILOVER_AFTER = 60.0
+"""Seconds from enqueue after which a message that cannot go out through its provider moves
+to the next of its channel's ``providers`` (when it lists more than one)."""
 DEFAULT_STUB_URL = "http://127.0.0.1:9090"
 
 
@@ -118,6 +124,10 @@ class MessageType:
     #: False: its messages are sent to a recipient on the suppression list too (an OTP to a
     #: number that was unreachable for a while).
     suppress: bool = True
+    #: Its own ordered providers (``provider`` is the first); None: its channel's.
+    providers: tuple[str, ...] | None = None
+    #: Seconds from enqueue before it fails over (``math.inf``: never); None: its channel's.
+    failover_after: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,6 +136,19 @@ class ChannelConfig:
     provider: str
     on_unknown: UnknownPolicy = UnknownPolicy.RETRY
     max_attempts: int | None = None
+    #: The ordered providers it fails over between (``provider`` first); () : ``provider`` alone.
+    providers: tuple[str, ...] = ()
+    #: Seconds from enqueue before a message fails over (``math.inf``: never).
+    failover_after: float = DEFAULT_FAILOVER_AFTER
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """The providers a message may be sent through, in order, and how long after its enqueue
+    it may move to the next (``math.inf``: never): ``Settings.route``."""
+
+    providers: tuple[str, ...]
+    failover_after: float = math.inf
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +185,24 @@ class Settings:
 
     def channel(self, name: str) -> ChannelConfig | None:
         return self.channels.get(name)
+
+    def route(self, channel: str, message_type: str | None) -> Route:
+        """The failover route of a message of ``channel`` and ``message_type``: its type's
+        providers (or its one ``provider``), else its channel's; its type's
+        ``failover_after``, else its channel's. A channel no longer configured: no route."""
+        kind = self.types.get(message_type) if message_type else None
+        config = self.channels.get(channel)
+        providers: tuple[str, ...] = ()
+        if kind is not None and kind.providers:
+            providers = kind.providers
+        elif kind is not None and kind.provider:
+            providers = (kind.provider,)
+        elif config is not None:
+            providers = config.providers or (config.provider,)
+        after = kind.failover_after if kind is not None else None
+        if after is None:
+            after = config.failover_after if config is not None else math.inf
+        return Route(providers, after)
 
     def with_(self, **changes: Any) -> Settings:
         return replace(self, **changes)

@@ -25,6 +25,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    false,
     text,
 )
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
@@ -103,6 +104,10 @@ class Message(Base):
     #: ``max_attempts - budget_start``, and ``attempts`` itself never goes back (the fence).
     budget_start: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
     needs_lookup: Mapped[bool] = mapped_column(Boolean, default=False)
+    #: An attempt on its current ``provider`` may have taken effect: it never moves to another
+    #: provider (docs/concepts.md, "Failover"); False again only when a lookup there answers
+    #: that the provider has nothing for its key.
+    pinned: Mapped[bool] = mapped_column(Boolean, server_default=false())  # a new row: false
     next_attempt_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     lease_expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     last_error_code: Mapped[str | None] = mapped_column(String(64), nullable=True)
@@ -168,6 +173,8 @@ class Attempt(Base):
     )
     number: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(16))
+    #: The provider called (NULL on rows from before failover: their message's ``provider``).
+    provider: Mapped[str | None] = mapped_column(String(64), nullable=True)
     started_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     outcome: Mapped[str] = mapped_column(String(16))
     http_status: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -6,6 +6,10 @@ A provider adapter turns every answer and every transport error into exactly one
 - ``Delivered``: the provider has it; ``provider_ref`` is its id.
 - ``Retryable``: nothing took effect, or the provider asks us to come back; same key later.
   ``retry_after`` (seconds) is the provider's own wish and wins over backoff.
+  ``created_nothing``: the answer proves that this request created nothing (it never left:
+  a connect error; or the adapter's contract says the provider refused it before acting on
+  it: 429, a documented 503). Only such attempts let a message move to another provider
+  (``created_nothing``, the failover rule; docs/concepts.md, "Failover").
 - ``Permanent``: it will never work (bad number, bad auth, key reused): ``dead``.
 - ``Unknown``: the request was written and no answer came back; the message's policy decides.
 
@@ -45,11 +49,15 @@ __all__ = [
     "bounded",
     "classify_exception",
     "classify_response",
+    "created_nothing",
     "parse_json",
     "parse_retry_after",
 ]
 
 RETRYABLE_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
+NOT_PROCESSED_STATUS = frozenset({429, 503})
+"""The reference protocol's answers given before a request is acted on (docs/providers.md):
+rate limited, or unavailable. A 500, 502 or 504 may come after the message was created."""
 
 
 _FIELDS = (("code", bounds.code), ("reason", bounds.text), ("provider_ref", bounds.ref))
@@ -82,6 +90,7 @@ class Retryable(_Bounded):
     reason: str
     http_status: int | None = None
     retry_after: float | None = None
+    created_nothing: bool = False
     kind: str = "retryable"
 
     def __post_init__(self) -> None:
@@ -138,6 +147,16 @@ class Undeliverable(_Bounded):
 Outcome = Delivered | Retryable | Permanent | Unknown
 LookupOutcome = Found | Absent | LookupFailed | Undeliverable
 AnyOutcome = TypeVar("AnyOutcome", bound=Outcome | LookupOutcome)
+
+
+def created_nothing(outcome: Outcome) -> bool:
+    """Whether ``outcome`` proves that its attempt created nothing at the provider: the one
+    question the failover rule asks of an attempt (docs/concepts.md, "Failover"). Only a
+    ``Retryable`` that says so (``created_nothing``); an ``Unknown``, a ``Permanent`` (a 422
+    says the key exists there) or any other retryable answer (a 500 may come after the
+    message was created, a 409 says our earlier attempt is running) may have taken effect,
+    and pins the message to its provider."""
+    return isinstance(outcome, Retryable) and outcome.created_nothing
 
 
 def bounded(outcome: AnyOutcome, recipient: str) -> AnyOutcome:
@@ -224,7 +243,8 @@ def classify_response(
     if busy or status in RETRYABLE_STATUS or (status >= 500 and status != 501):
         reason = "the provider is still processing this key" if busy else _reason(body, response)
         retry_after = parse_retry_after(response.headers.get("retry-after"))
-        return Retryable(code, reason, status, retry_after)
+        refused = not busy and status in NOT_PROCESSED_STATUS
+        return Retryable(code, reason, status, retry_after, created_nothing=refused)
     return Permanent(code, _reason(body, response), status)
 
 
@@ -232,7 +252,7 @@ def classify_exception(exc: httpx.HTTPError) -> Retryable | Permanent | Unknown:
     """Map an httpx error to an outcome: before the request left -> retryable, after -> unknown."""
     name = type(exc).__name__
     if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout):
-        return Retryable(f"NETWORK_{name}", f"request not sent: {exc}"[:500])
+        return Retryable(f"NETWORK_{name}", f"request not sent: {exc}"[:500], created_nothing=True)
     if isinstance(exc, httpx.UnsupportedProtocol | httpx.LocalProtocolError):
         return Permanent(f"CLIENT_{name}", str(exc)[:500])
     return Unknown(f"NETWORK_{name}", f"request sent, no answer: {exc}"[:500])

@@ -173,6 +173,13 @@ class WorkerMetrics:
             buckets=_BATCH_BUCKETS,
             registry=registry,
         )
+        self.failovers = Counter(
+            "delivery_failovers",
+            "Messages moved to the next provider of their route, by channel, the provider they "
+            "left and the one they moved to, and why (circuit_open, rate_limited, unavailable).",
+            ["channel", "from", "to", "reason"],
+            registry=registry,
+        )
         self.breaker_transitions = Counter(
             "delivery_breaker_transitions",
             "Circuit breaker transitions by provider (half_open -> open is a failed probe).",
@@ -202,6 +209,14 @@ class WorkerMetrics:
         ).inc()
         if transition.from_status == Status.SENDING and transition.outcome:
             self._child(self.attempts, provider, transition.outcome).inc()
+        if transition.to_provider is not None:
+            self._child(
+                self.failovers,
+                transition.channel or "",
+                provider,
+                transition.to_provider,
+                transition.code or "",
+            ).inc()
         if (
             transition.to_status == Status.SENT
             and transition.from_status == Status.SENDING

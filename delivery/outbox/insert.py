@@ -59,6 +59,7 @@ COLUMNS = (
 #: is complete and reading it never loads anything).
 _NEW_ROW = dict(
     budget_start=0,
+    pinned=False,
     last_error_code=None,
     last_error=None,
     provider_ref=None,

@@ -125,7 +125,11 @@ def classify(response: httpx.Response) -> outcomes.Outcome:
     )
     if retry:
         return outcomes.Retryable(
-            code, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
+            code,
+            reason,
+            status,
+            outcomes.parse_retry_after(response.headers.get("retry-after")),
+            created_nothing=status == 429,  # rate limited before the send
         )
     return outcomes.Permanent(code, reason, status)
 

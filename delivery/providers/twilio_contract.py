@@ -124,7 +124,12 @@ def classify(response: httpx.Response) -> outcomes.Outcome:
         return outcomes.Unknown(name, reason, status)
     if code in RETRYABLE_CODES or status in (408, 429) or (status >= 500 and status != 501):
         return outcomes.Retryable(
-            name, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
+            name,
+            reason,
+            status,
+            outcomes.parse_retry_after(response.headers.get("retry-after")),
+            # refused before the create: too many requests, a full queue, unavailable
+            created_nothing=code in RETRYABLE_CODES or status in (429, 503),
         )
     return outcomes.Permanent(name, reason, status)
 

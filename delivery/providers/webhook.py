@@ -195,6 +195,10 @@ def classify(response: httpx.Response) -> outcomes.Outcome:
     code = f"HTTP_{status}"
     if status in _RETRY_STATUS or (status >= 500 and status != 501):
         return outcomes.Retryable(
-            code, reason, status, outcomes.parse_retry_after(response.headers.get("retry-after"))
+            code,
+            reason,
+            status,
+            outcomes.parse_retry_after(response.headers.get("retry-after")),
+            created_nothing=status == 429,  # rate limited before the request was handled
         )
     return outcomes.Permanent(code, reason, status)

@@ -8,10 +8,11 @@ and the take) and ``call``, each step only once the previous one let the message
 1. ``check``: its provider must still be configured (else ``dead``,
    ``PROVIDER_NOT_CONFIGURED``), it must be due and within its time-to-live (else ``expired``);
 2. ``check``: the provider's rate limit: over it, the row stays ``dispatched`` and the task
-   comes back when a token is there;
+   comes back when a token is there (or, when that wait is too long for it, it fails over:
+   ``delivery.sending.failover``);
 3. ``admit``: the provider's circuit breaker, asked only when the send can start at once:
    refused, the row goes back to ``pending`` until the next probe time, ``CIRCUIT_OPEN``, no
-   attempt spent;
+   attempt spent (or it fails over, due now, to the next provider of its route);
 4. ``admit``: the take, ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit,
    durable *before* a request leaves (G2), with a lease of ``hold_lease`` s that the lease
    keeper renews. The first wave also takes the task's later rows of every provider whose
@@ -42,10 +43,11 @@ from delivery.guards.breaker import Permit, Verdict
 from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
-from delivery.sending.settle import Sent, after_lookup, probe_wait
+from delivery.sending import failover
+from delivery.sending.settle import Sent, after_lookup, failed_over, probe_wait
 from delivery.transitions import Action, Result, Sending, tell_outcomes_after
 from delivery.transitions.recovery import EXPIRED
-from delivery.transitions.worker import Leave, extend_lease, give_back, leave, take
+from delivery.transitions.worker import Leave, extend_lease, fail_over, give_back, leave, take
 
 __all__ = [
     "CIRCUIT_OPEN",
@@ -153,7 +155,9 @@ def check(service: Service, row: Row[Any], clock: Clock) -> Result | None:
     limiter = service.limiter(row.provider)
     wait = limiter.acquire() if limiter is not None else 0.0
     if wait > 0:
-        return _rate_limited(service, row, wait, now)
+        why = f"provider {row.provider!r} rate limit: a token in {wait:.3g} s"
+        moved = _fail_over(service, row, "rate_limited", why, wait, now)
+        return moved or _rate_limited(service, row, wait, now)
     return None
 
 
@@ -271,6 +275,8 @@ def _in_flight(service: Service, row: Row[Any], number: int) -> Sending:
         row.created_at,
         getattr(service.provider(row.provider), "in_progress_wait", None),
         row.message_type,
+        row.channel,
+        row.pinned,
     )
 
 
@@ -340,17 +346,41 @@ def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime
 def _circuit_open(service: Service, entry: Entry, permit: Permit, now: dt.datetime) -> Result:
     """Park a row the breaker refused as ``pending`` until the breaker's next probe (plus
     jitter), without spending an attempt: a ``dispatched`` row leaves, one taken ahead is
-    given back."""
+    given back. Or it fails over, when that wait is too long for it."""
     row = entry_row(entry)
     wait = probe_wait(service, permit.retry_at)
     due = now + dt.timedelta(seconds=wait)
-    reason = (
-        f"circuit breaker of provider {row.provider!r} is {permit.state}; "
-        f"next try at {due.isoformat(timespec='seconds')}"
-    )
+    state = f"circuit breaker of provider {row.provider!r} is {permit.state}"
+    moved = _fail_over(service, entry, "circuit_open", state, wait, now)
+    if moved is not None:
+        return moved
+    reason = f"{state}; next try at {due.isoformat(timespec='seconds')}"
     why = Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
     parked = Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)
     return _not_sent(service, entry, why, parked, due)
+
+
+def _fail_over(
+    service: Service,
+    entry: Entry,
+    reason: failover.Reason,
+    why: str,
+    wait: float,
+    now: dt.datetime,
+) -> Result | None:
+    """``entry``, not called for (its provider's breaker or rate limit would make it wait
+    ``wait`` s), moves to the next provider of its route, due now, if the failover rule
+    lets it (``delivery.sending.failover``); None: it stays. A row taken ahead gives its
+    attempt back."""
+    row = entry_row(entry)
+    to = failover.target(service, row, now + dt.timedelta(seconds=wait))
+    if to is None:
+        return None
+    text = f"failed over from {row.provider!r} to {to!r}: {why}"
+    with tell_outcomes_after(), service.autocommit.connect() as conn:
+        message = entry.msg if isinstance(entry, Taken) else row
+        moved = fail_over(conn, message, to, (reason, text), now, spent=False)
+    return failed_over(text) if moved else _TAKEN
 
 
 def _too_late(service: Service, taken: Taken, now: dt.datetime) -> Result:

@@ -57,6 +57,7 @@ _COLUMNS = (
     "attempts",
     "max_attempts",
     "needs_lookup",
+    "pinned",
     "on_unknown",
     "next_attempt_at",
     "lease_expires_at",

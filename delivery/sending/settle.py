@@ -39,6 +39,7 @@ from delivery.core.policies import UnknownPolicy
 from delivery.core.status import Status
 from delivery.guards.breaker import Recorded
 from delivery.runtime.service import Service
+from delivery.sending import failover
 from delivery.transitions import (
     Action,
     Failure,
@@ -48,16 +49,21 @@ from delivery.transitions import (
     tell_outcomes_after,
 )
 from delivery.transitions.attempts import log_attempt, ms_since
-from delivery.transitions.worker import Accepted, finish_sent, park, renew, stop
+from delivery.transitions.worker import Accepted, fail_over, finish_sent, park, renew, stop
 
 __all__ = [
     "CIRCUIT_JITTER",
+    "FAILOVER",
     "Sent",
     "after_lookup",
     "after_send",
     "after_sends",
+    "failed_over",
     "probe_wait",
 ]
+
+FAILOVER = "FAILOVER"
+"""The code of a message that moved to the next provider of its route."""
 
 CIRCUIT_JITTER = 1.0
 """Up to this many seconds are added to a wait for the breaker's next probe time."""
@@ -151,7 +157,8 @@ def _after_failure(service: Service, call: Sent) -> Result:
             case outcomes.Retryable() if in_progress(outcome):
                 return _wait_in_progress(service, conn, msg, outcome)
             case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after):
-                failure = Failure(code, reason, "retryable", Status.DEAD, retry_after)
+                pins = not outcomes.created_nothing(outcome)
+                failure = Failure(code, reason, "retryable", Status.DEAD, retry_after, pins=pins)
                 return _retry_or_stop(service, conn, msg, failure, breaker)
             case outcomes.Unknown(code=code, reason=reason):
                 if msg.policy is UnknownPolicy.GIVE_UP:
@@ -184,11 +191,47 @@ def _retry_or_stop(
     delay = compute_backoff(msg.attempt, msg.backoff, failure.retry_after, service.rng)
     if breaker.retry_at is not None:  # the breaker is open: sooner it would only be parked
         delay = max(delay, probe_wait(service, breaker.retry_at))
+    if not failure.pins:  # it created nothing: may the message move on instead of waiting?
+        moved = _fail_over(service, conn, msg, failure, breaker, delay)
+        if moved is not None:
+            return moved
     if breaker.probe_failed:
         given_back = f"circuit breaker probe, attempt given back: {failure.reason}"
         failure = replace(failure, reason=given_back)
         return _park(service, conn, msg, delay, failure, max_attempts=msg.max_attempts + 1)
     return _park(service, conn, msg, delay, failure)
+
+
+def _fail_over(
+    service: Service,
+    conn: Connection,
+    msg: Sending,
+    failure: Failure,
+    breaker: Recorded,
+    delay: float,
+) -> Result | None:
+    """After a call that created nothing, the message moves to the next provider of its route,
+    due now, when waiting ``delay`` s for its own would take too long (the failover rule:
+    ``delivery.sending.failover``); None: it stays. A failed probe's attempt is given back."""
+    now = db_now(conn)
+    to = failover.target(service, msg, now + dt.timedelta(seconds=delay))
+    if to is None:
+        return None
+    reason: failover.Reason = "unavailable"
+    if breaker.retry_at is not None:
+        reason = "circuit_open"
+    elif failure.retry_after is not None or failure.code.endswith("429"):
+        reason = "rate_limited"
+    text = f"failed over from {msg.provider!r} to {to!r}: {failure.reason}"
+    if not fail_over(conn, msg, to, (reason, text), now, spent=not breaker.probe_failed):
+        return _CHANGED
+    return failed_over(text)
+
+
+def failed_over(text: str) -> Result:
+    """What the task does once its message failed over: nothing; the relay publishes it again,
+    due now, for its new provider."""
+    return Result(Action.PARKED, Status.PENDING, 0.0, FAILOVER, text)
 
 
 def probe_wait(service: Service, retry_at: float | None) -> float:

@@ -26,6 +26,7 @@ def attempt_row(
         message_id=msg.id,
         number=msg.attempt,
         kind=kind,
+        provider=msg.provider,
         outcome=outcome.kind,
         started_at=utcnow() - dt.timedelta(milliseconds=latency),
         http_status=outcome.http_status,
@@ -51,14 +52,16 @@ def log_attempt(
 _INSERT_ATTEMPT = insert(attempts_table).inline()
 
 
-def log_lost(conn: Connection, message_id: int, number: int, now: dt.datetime, reason: str) -> None:
-    """The attempt row of a send whose worker was lost (its lease passed): outcome unknown."""
+def log_lost(conn: Connection, row: Any, now: dt.datetime, reason: str) -> None:
+    """The attempt row of ``row``'s send (id, provider, attempts as read) whose worker was
+    lost (its lease passed): outcome unknown."""
     conn.execute(
         _INSERT_ATTEMPT,
         dict(
-            message_id=message_id,
-            number=number,
+            message_id=row.id,
+            number=row.attempts,
             kind="send",
+            provider=row.provider,
             started_at=now,
             outcome="unknown",
             http_status=None,
@@ -77,6 +80,7 @@ ATTEMPT_COLUMNS: dict[str, Any] = {
     "message_id": BigInteger(),
     "number": Integer(),
     "kind": String(),
+    "provider": String(),
     "outcome": String(),
     "started_at": DateTime(timezone=True),
     "http_status": Integer(),

@@ -84,10 +84,11 @@ def recover(
     the attempt row of that send; False if it moved or was renewed meanwhile."""
     fence = (row.id, row.attempts, Status.SENDING)
     reason = str(values.get("last_error", ""))
-    values = {**values, "last_error_code": LEASE_EXPIRED}
+    # the lost send may have taken effect: pinned to its provider (no failover)
+    values = {**values, "last_error_code": LEASE_EXPIRED, "pinned": True}
     if not move_where(conn, fence, to, messages_table.c.lease_expires_at < now, values):
         return False
-    log_lost(conn, row.id, row.attempts, now, reason)
+    log_lost(conn, row, now, reason)
     emit_moved(row, Status.SENDING, to, "unknown", LEASE_EXPIRED)
     return True
 

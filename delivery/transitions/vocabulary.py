@@ -59,6 +59,9 @@ class Sending:
     """How long the provider may take on a key (its own budget), waited out on a 409."""
     message_type: str | None = None
     """Its type (``enqueue(type=...)``), for the app's ``Outcome``; None without one."""
+    channel: str = ""
+    pinned: bool = False
+    """An earlier attempt on ``provider`` may have taken effect: it may not fail over."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +70,9 @@ class Failure:
     ``outcome`` kind for the transition log, the status the message ends in when it is not
     retried (``final``: permanent, given up, or attempts spent), the provider's
     ``retry_after`` wish, and whether the next attempt must look the key up first
-    (``needs_lookup``; ``None`` leaves the flag as it is)."""
+    (``needs_lookup``; ``None`` leaves the flag as it is); ``pins``: the attempt may have
+    taken effect (``outcomes.created_nothing`` is false), so the message is ``pinned`` to
+    its provider from now on."""
 
     code: str
     reason: str
@@ -75,6 +80,7 @@ class Failure:
     final: Status
     retry_after: float | None = None
     needs_lookup: bool | None = None
+    pins: bool = True
 
 
 def in_progress(outcome: Outcome) -> bool:

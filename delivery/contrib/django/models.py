@@ -46,6 +46,7 @@ class Message(models.Model):
     max_attempts: models.IntegerField[int, int] = models.IntegerField()
     budget_start: models.IntegerField[int, int] = models.IntegerField(default=0)
     needs_lookup: models.BooleanField[bool, bool] = models.BooleanField()
+    pinned: models.BooleanField[bool, bool] = models.BooleanField(default=False)
     next_attempt_at: models.DateTimeField[dt.datetime, dt.datetime] = models.DateTimeField()
     lease_expires_at: models.DateTimeField[dt.datetime | None, dt.datetime | None] = (
         models.DateTimeField(null=True)
@@ -93,6 +94,7 @@ class Attempt(models.Model):
     message_id: int
     number: models.IntegerField[int, int] = models.IntegerField()
     kind: models.CharField[str, str] = models.CharField(max_length=16)
+    provider: models.CharField[str | None, str | None] = models.CharField(max_length=64, null=True)
     started_at: models.DateTimeField[dt.datetime, dt.datetime] = models.DateTimeField()
     outcome: models.CharField[str, str] = models.CharField(max_length=16)
     http_status: models.IntegerField[int | None, int | None] = models.IntegerField(null=True)

@@ -1,0 +1,60 @@
+"""Failover: when a message moves to the next provider of its route, and to which
+(docs/concepts.md, "Failover"). The rule, in one place:
+
+1. **Only while nothing can have taken effect.** The message is not ``pinned`` (no attempt on
+   its current provider may have taken effect: each one so far ended with an answer that
+   proves it created nothing, ``outcomes.created_nothing``, or a lookup there answered that
+   the provider has nothing for the key since), and the call that just failed, if any,
+   created nothing either. An ``unknown`` attempt on a provider without a lookup pins the
+   message there for good: it is only ever sent again there, with the same key, or goes to
+   its ``on_unknown`` policy.
+2. **Only when waiting would take too long.** Its next try on the current provider (the
+   breaker's next probe time, the rate limit's wait, the backoff or Retry-After) would come
+   later than ``failover_after`` seconds after its enqueue (``Settings.route``: the type's,
+   else the channel's; ``"never"``: it always waits).
+3. **To the first usable provider of its route**, in order, other than the current one: one
+   whose breaker is not open (an open one is skipped, as the first was). None usable: it
+   stays and waits where it is.
+
+The key travels unchanged (each provider dedupes its own); the move itself is
+``delivery.transitions.worker.fail_over``, fenced like every other.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+from typing import Any, Literal
+
+from delivery.runtime.service import Service
+from delivery.transitions import Sending
+
+__all__ = ["REASONS", "Reason", "target"]
+
+Reason = Literal["circuit_open", "rate_limited", "unavailable"]
+#: Why a message failed over (``delivery_failovers_total``'s ``reason``): its provider's
+#: breaker turned it away, its rate limit would make it wait, or its answers (5xx, 429,
+#: refused connections) and their backoff would.
+REASONS: tuple[Reason, ...] = ("circuit_open", "rate_limited", "unavailable")
+
+
+def target(service: Service, message: Sending | Any, next_try: dt.datetime) -> str | None:
+    """The provider ``message`` moves to now, or None: it stays on its own. ``message``: the
+    ``Sending`` of a call that just failed with an answer that created nothing, or a row its
+    worker has not called for (its breaker or rate limit turned it away); ``next_try``: when
+    it could next be tried on its current provider."""
+    settings = service.settings
+    if message.pinned:
+        return None
+    route = settings.route(message.channel, message.message_type)
+    if message.provider not in route.providers or math.isinf(route.failover_after):
+        return None
+    enqueued = message.enqueued_at if isinstance(message, Sending) else message.created_at
+    if next_try <= enqueued + dt.timedelta(seconds=route.failover_after):
+        return None
+    for name in route.providers:
+        if name == message.provider or name not in settings.providers:
+            continue
+        if service.breaker(name).status().state != "open":
+            return name
+    return None
