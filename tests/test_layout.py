@@ -207,7 +207,17 @@ ROOMS: dict[str, set[str]] = {
         "runtime",
         "transitions",
     },
-    "ops": {"config", "core", "errors", "guards", "observability", "outbox", "transitions"},
+    # runtime: the current settings, whose routes a redrive follows (delivery.ops.repair)
+    "ops": {
+        "config",
+        "core",
+        "errors",
+        "guards",
+        "observability",
+        "outbox",
+        "runtime",
+        "transitions",
+    },
     "console": {"config", "core", "errors", "guards", "ops", "providers", "runtime"},
     "contrib": {
         "config",

@@ -12,20 +12,17 @@ Schema (``delivery config schema``) lists the built-in adapters' keys. Defaults 
 from __future__ import annotations
 
 import functools
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import replace
-from typing import Annotated, Any, Literal, Self
+from typing import Annotated, Any, Self
 
 from pydantic import (
     AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
-    PlainValidator,
     ValidationError,
-    WithJsonSchema,
     create_model,
     model_validator,
 )
@@ -33,6 +30,7 @@ from pydantic.json_schema import GenerateJsonSchema, JsonSchemaValue
 from pydantic_core import core_schema
 
 from delivery.config.problems import Invalid, config_error
+from delivery.config.routes import FailoverAfter, ordered
 from delivery.config.settings import (
     CHANNELS,
     DEFAULT_STUB_URL,
@@ -238,44 +236,37 @@ def _options_model(keys: tuple[tuple[str, type | None], ...]) -> type[Table]:
     return create_model("AdapterOptions", __base__=Table, **fields)
 
 
-def _failover_after(value: object) -> float | str:
-    if value == "never":
-        return "never"
-    if isinstance(value, float) and not math.isfinite(value):
-        raise ValueError("must be a finite number")
-    if isinstance(value, int | float) and not isinstance(value, bool) and 0 < value < 1e9:
-        return float(value)
-    raise ValueError('must be a number of seconds > 0, or "never"')
-
-
-#: ``failover_after``: seconds from enqueue, or ``"never"``.
-FailoverAfter = Annotated[
-    float | Literal["never"],
-    PlainValidator(_failover_after),
-    WithJsonSchema({"anyOf": [{"type": "number", "exclusiveMinimum": 0}, {"const": "never"}]}),
-]
-
-
-class ChannelTable(Table):
-    """``[channels.NAME]``: the provider a channel sends through (``provider``), or the ordered
-    providers it fails over between (``providers``, the first where messages start), and
-    its defaults."""
+class _Routed(Table):
+    """A table with a route: one ``provider``, or the ordered ``providers`` a message fails
+    over between (the first where it starts), and ``failover_after``."""
 
     provider: Name | None = None
     providers: Annotated[list[Name], Field(min_length=1)] | None = None
-    on_unknown: Policy | None = None  # default: the provider kind's (twilio: lookup)
-    max_attempts: Count | None = None
-    failover_after: FailoverAfter | None = None  # default: DEFAULT_FAILOVER_AFTER
+    failover_after: FailoverAfter | None = None
 
     @model_validator(mode="after")
     def _one_route(self) -> Self:
-        _route(self.provider, self.providers)
+        self.route  # noqa: B018  # checked: provider and providers agree
         return self
 
     @property
     def route(self) -> tuple[str, ...]:
-        """Its ordered providers (``provider`` alone, or ``providers``)."""
-        return _route(self.provider, self.providers)
+        """Its ordered providers; () when it names none."""
+        return ordered(self.provider, self.providers)
+
+
+class ChannelTable(_Routed):
+    """``[channels.NAME]``: the providers a channel sends through, and its defaults (a
+    ``failover_after`` not set: ``DEFAULT_FAILOVER_AFTER``)."""
+
+    on_unknown: Policy | None = None  # default: the provider kind's (twilio: lookup)
+    max_attempts: Count | None = None
+
+    @model_validator(mode="after")
+    def _a_provider(self) -> Self:
+        if not self.route:
+            raise Invalid("provider", "set provider (one) or providers (an ordered list)")
+        return self
 
 
 class Channels(Table):
@@ -286,46 +277,17 @@ class Channels(Table):
     webhook: ChannelTable | None = None
 
 
-class TypeTable(Table):
-    """``[types.NAME]``: defaults for one kind of message, chosen with ``enqueue(type=...)``."""
+class TypeTable(_Routed):
+    """``[types.NAME]``: defaults for one kind of message, chosen with ``enqueue(type=...)``
+    (no ``provider`` nor ``failover_after``: its channel's)."""
 
     channel: Channel
-    provider: Name | None = None
-    providers: Annotated[list[Name], Field(min_length=1)] | None = None  # default: the channel's
-    failover_after: FailoverAfter | None = None  # default: the channel's
     on_unknown: Policy | None = None
     max_attempts: Count | None = None
     backoff: BackoffTable | None = None
     priority: Priority = "normal"
     ttl: Seconds | None = None  # seconds from the due time; past it the message expires
     suppress: bool = True  # false: its messages go out to a suppressed recipient too
-
-    @model_validator(mode="after")
-    def _one_route(self) -> Self:
-        self.route  # noqa: B018  # checked: provider and providers agree
-        return self
-
-    @property
-    def route(self) -> tuple[str, ...]:
-        """Its own ordered providers; () : its channel's."""
-        if self.provider is None and self.providers is None:
-            return ()
-        return _route(self.provider, self.providers)
-
-
-def _route(provider: str | None, providers: list[str] | None) -> tuple[str, ...]:
-    """A table's ordered providers from ``provider`` and/or ``providers`` (which must then
-    start with it), each named once."""
-    if providers is None:
-        if provider is None:
-            raise Invalid("provider", "set provider (one) or providers (an ordered list)")
-        return (provider,)
-    if provider is not None and providers[0] != provider:
-        raise Invalid("provider", f"{provider!r} must be the first of providers, or left out")
-    twice = sorted({name for name in providers if providers.count(name) > 1})
-    if twice:
-        raise Invalid("providers", f"names {', '.join(twice)} more than once")
-    return tuple(providers)
 
 
 class ConfigFile(Table):
@@ -371,12 +333,9 @@ class ConfigFile(Table):
         self._send_lease_check()
         return self
 
-    def _lookup_check(
-        self, where: str, route: tuple[str, ...], policy: UnknownPolicy | None
-    ) -> None:
-        """Each provider of ``route`` is configured; an explicit ``lookup`` policy needs a
-        lookup at the first (the others are asked when they have one, and otherwise sent
-        again with the same key)."""
+    def _lookup_check(self, where: str, route: tuple[str, ...], policy: Policy | None) -> None:
+        """Each provider of ``route`` is configured; a ``lookup`` policy needs a lookup at the
+        first (the others are asked if they can be, else sent again with the same key)."""
         for provider in route:
             if provider not in self.providers:
                 key = "provider" if len(route) == 1 else "providers"

@@ -6,7 +6,9 @@ change writes an audit row (``actor``: who asked; ``delivery.ops.audit``) in the
 transaction, and the caller commits.
 
 - ``redrive``: ``dead`` or ``unknown`` back to ``pending`` with the same key and a fresh budget
-  of attempts; an ``unknown`` one may have been delivered, so it gets ``needs_lookup``.
+  of attempts; an ``unknown`` one may have been delivered, so it gets ``needs_lookup``. One
+  that is not ``pinned`` goes to the first provider of its route whose breaker is closed
+  (``delivery.guards.failover.redrive_provider``).
 - ``resolve``: an ``unknown`` message is declared ``sent`` or ``dead`` after a human checked;
   a ``dead`` one is told to the app's outcome hooks at the session's commit
   (``take_outcomes``: for a session that never commits itself).
@@ -21,10 +23,14 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from delivery.config.settings import Settings
 from delivery.core.models import Message
 from delivery.core.status import Status
+from delivery.guards.breaker import Breakers
+from delivery.guards.failover import redrive_provider
 from delivery.ops.audit import DEFAULT_ACTOR, record
 from delivery.ops.inspect import find
+from delivery.runtime.current import get_settings
 from delivery.transitions import repair as transitions
 from delivery.transitions.repair import REDRIVABLE, RESOLVABLE, take_outcomes
 
@@ -105,27 +111,59 @@ def _redrive(
 ) -> list[RedriveResult]:
     allowed = [status.value for status in REDRIVABLE]
     results: list[RedriveResult] = []
-    for ref, message in messages:
-        previous = message.status
-        reason: str | None = None
-        if previous not in allowed:
-            reason = f"message is {previous}; only {' or '.join(allowed)} messages can be redriven"
-        elif not transitions.redrive(session, message):
-            reason = f"message changed to {message.status} while redriving; nothing done"
-        else:
-            record(
-                session,
-                actor=actor,
-                action="redrive",
-                message=message,
-                from_status=previous,
-                to_status=Status.PENDING.value,
-                detail="provider asked first (lookup)" if message.needs_lookup else "same key",
+    states = _BreakerStates()
+    try:
+        for ref, message in messages:
+            previous, was = message.status, message.provider
+            reason: str | None = None
+            if previous not in allowed:
+                reason = (
+                    f"message is {previous}; only {' or '.join(allowed)} messages can be redriven"
+                )
+            elif not transitions.redrive(session, message, states.provider_for(message)):
+                reason = f"message changed to {message.status} while redriving; nothing done"
+            else:
+                detail = "provider asked first (lookup)" if message.needs_lookup else "same key"
+                if message.provider != was:
+                    detail += f"; through {message.provider} ({was}'s breaker is not closed)"
+                record(
+                    session,
+                    actor=actor,
+                    action="redrive",
+                    message=message,
+                    from_status=previous,
+                    to_status=Status.PENDING.value,
+                    detail=detail,
+                )
+            results.append(
+                RedriveResult(ref, message.id, message.key, previous, reason is None, reason)
             )
-        results.append(
-            RedriveResult(ref, message.id, message.key, previous, reason is None, reason)
-        )
+    finally:
+        states.close()
     return results
+
+
+class _BreakerStates:
+    """The breakers of this process's settings, read once per provider for one redrive."""
+
+    def __init__(self) -> None:
+        self._breakers: Breakers | None = None
+        self._states: dict[str, str] = {}
+
+    def provider_for(self, message: Message) -> str | None:
+        settings = get_settings()
+        return redrive_provider(settings, message, lambda name: self._state(settings, name))
+
+    def _state(self, settings: Settings, name: str) -> str:
+        if name not in self._states:
+            if self._breakers is None:
+                self._breakers = Breakers(settings)
+            self._states[name] = self._breakers.get(name).status().state
+        return self._states[name]
+
+    def close(self) -> None:
+        if self._breakers is not None:
+            self._breakers.close()
 
 
 def resolve(

@@ -78,6 +78,10 @@ class Service:
                 self._breakers = Breakers(self.settings)
             return self._breakers.get(name)
 
+    def breaker_state(self, name: str) -> str:
+        """The provider's breaker state as every worker sees it (a peek: it changes nothing)."""
+        return self.breaker(name).status().state
+
     def limiter(self, name: str) -> RateLimiter | None:
         """The provider's shared rate limit, or None when it has none."""
         with self._lock:

@@ -9,7 +9,7 @@ and the take) and ``call``, each step only once the previous one let the message
    ``PROVIDER_NOT_CONFIGURED``), it must be due and within its time-to-live (else ``expired``);
 2. ``check``: the provider's rate limit: over it, the row stays ``dispatched`` and the task
    comes back when a token is there (or, when that wait is too long for it, it fails over:
-   ``delivery.sending.failover``);
+   ``delivery.guards.failover``);
 3. ``admit``: the provider's circuit breaker, asked only when the send can start at once:
    refused, the row goes back to ``pending`` until the next probe time, ``CIRCUIT_OPEN``, no
    attempt spent (or it fails over, due now, to the next provider of its route);
@@ -39,15 +39,16 @@ from sqlalchemy import Row
 from delivery.core.outcomes import Absent, LookupOutcome, Outcome, Retryable, Unknown
 from delivery.core.policies import UnknownPolicy
 from delivery.core.status import Status
+from delivery.guards import failover
 from delivery.guards.breaker import Permit, Verdict
 from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
-from delivery.sending import failover
 from delivery.sending.settle import Sent, after_lookup, failed_over, probe_wait
 from delivery.transitions import Action, Result, Sending, tell_outcomes_after
+from delivery.transitions.failover import fail_over
 from delivery.transitions.recovery import EXPIRED
-from delivery.transitions.worker import Leave, extend_lease, fail_over, give_back, leave, take
+from delivery.transitions.worker import Leave, extend_lease, give_back, leave, take
 
 __all__ = [
     "CIRCUIT_OPEN",
@@ -156,7 +157,7 @@ def check(service: Service, row: Row[Any], clock: Clock) -> Result | None:
     wait = limiter.acquire() if limiter is not None else 0.0
     if wait > 0:
         why = f"provider {row.provider!r} rate limit: a token in {wait:.3g} s"
-        moved = _fail_over(service, row, "rate_limited", why, wait, now)
+        moved = _fail_over(service, row, "rate_limited", why, wait=wait, now=now)
         return moved or _rate_limited(service, row, wait, now)
     return None
 
@@ -351,7 +352,7 @@ def _circuit_open(service: Service, entry: Entry, permit: Permit, now: dt.dateti
     wait = probe_wait(service, permit.retry_at)
     due = now + dt.timedelta(seconds=wait)
     state = f"circuit breaker of provider {row.provider!r} is {permit.state}"
-    moved = _fail_over(service, entry, "circuit_open", state, wait, now)
+    moved = _fail_over(service, entry, "circuit_open", state, wait=wait, now=now)
     if moved is not None:
         return moved
     reason = f"{state}; next try at {due.isoformat(timespec='seconds')}"
@@ -365,15 +366,17 @@ def _fail_over(
     entry: Entry,
     reason: failover.Reason,
     why: str,
+    *,
     wait: float,
     now: dt.datetime,
 ) -> Result | None:
     """``entry``, not called for (its provider's breaker or rate limit would make it wait
     ``wait`` s), moves to the next provider of its route, due now, if the failover rule
-    lets it (``delivery.sending.failover``); None: it stays. A row taken ahead gives its
+    lets it (``delivery.guards.failover``); None: it stays. A row taken ahead gives its
     attempt back."""
     row = entry_row(entry)
-    to = failover.target(service, row, now + dt.timedelta(seconds=wait))
+    next_try = now + dt.timedelta(seconds=wait)
+    to = failover.target(service.settings, row, next_try, service.breaker_state)
     if to is None:
         return None
     text = f"failed over from {row.provider!r} to {to!r}: {why}"

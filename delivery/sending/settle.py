@@ -37,9 +37,9 @@ from delivery.core.backoff import compute_backoff
 from delivery.core.clock import db_now
 from delivery.core.policies import UnknownPolicy
 from delivery.core.status import Status
+from delivery.guards import failover
 from delivery.guards.breaker import Recorded
 from delivery.runtime.service import Service
-from delivery.sending import failover
 from delivery.transitions import (
     Action,
     Failure,
@@ -49,7 +49,8 @@ from delivery.transitions import (
     tell_outcomes_after,
 )
 from delivery.transitions.attempts import log_attempt, ms_since
-from delivery.transitions.worker import Accepted, fail_over, finish_sent, park, renew, stop
+from delivery.transitions.failover import FAILOVER, fail_over
+from delivery.transitions.worker import Accepted, finish_sent, park, renew, stop
 
 __all__ = [
     "CIRCUIT_JITTER",
@@ -62,8 +63,6 @@ __all__ = [
     "probe_wait",
 ]
 
-FAILOVER = "FAILOVER"
-"""The code of a message that moved to the next provider of its route."""
 
 CIRCUIT_JITTER = 1.0
 """Up to this many seconds are added to a wait for the breaker's next probe time."""
@@ -192,7 +191,7 @@ def _retry_or_stop(
     if breaker.retry_at is not None:  # the breaker is open: sooner it would only be parked
         delay = max(delay, probe_wait(service, breaker.retry_at))
     if not failure.pins:  # it created nothing: may the message move on instead of waiting?
-        moved = _fail_over(service, conn, msg, failure, breaker, delay)
+        moved = _fail_over(service, conn, msg, failure, breaker=breaker, delay=delay)
         if moved is not None:
             return moved
     if breaker.probe_failed:
@@ -207,14 +206,16 @@ def _fail_over(
     conn: Connection,
     msg: Sending,
     failure: Failure,
+    *,
     breaker: Recorded,
     delay: float,
 ) -> Result | None:
     """After a call that created nothing, the message moves to the next provider of its route,
     due now, when waiting ``delay`` s for its own would take too long (the failover rule:
-    ``delivery.sending.failover``); None: it stays. A failed probe's attempt is given back."""
+    ``delivery.guards.failover``); None: it stays. A failed probe's attempt is given back."""
     now = db_now(conn)
-    to = failover.target(service, msg, now + dt.timedelta(seconds=delay))
+    state = service.breaker_state
+    to = failover.target(service.settings, msg, now + dt.timedelta(seconds=delay), state)
     if to is None:
         return None
     reason: failover.Reason = "unavailable"

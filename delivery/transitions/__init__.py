@@ -16,7 +16,8 @@ relay's claim (``relay``), the sweeper's moves of every row past its lease or ti
   (``Sending``), why an attempt did not end it (``Failure``);
 - ``fence``: the one fenced UPDATE (``move``, ``move_where``);
 - ``attempts``: the attempt rows written with a call's transition;
-- ``worker``: take, leave, finish_sent, stop, park, give_back, renew, extend_lease, fail_over;
+- ``worker``: take, leave, finish_sent, stop, park, give_back, renew, extend_lease;
+- ``failover``: a message moves to the next provider of its route (``fail_over``);
 - ``recovery``: the sweeper's expire, requeue and recover;
 - ``relay``: the relay's dispatch (the claim) and release;
 - ``repair``: the operators' redrive, resolve and cancel;

@@ -42,9 +42,10 @@ RESOLVABLE = (Status.SENT, Status.DEAD)
 """The statuses ``resolve`` may declare an ``unknown`` message to be in."""
 
 
-def redrive(session: Session, message: Message) -> bool:
+def redrive(session: Session, message: Message, provider: str | None = None) -> bool:
     """``message`` (``dead`` or ``unknown``) -> ``pending`` with the same key; False if it was
-    no longer in either."""
+    no longer in either. ``provider``: the one it goes to, unless it is ``pinned`` (an
+    attempt on its own may have taken effect; ``delivery.guards.failover``)."""
     previous = message.status
     now = db_now(session.connection())
     values: dict[str, Any] = {
@@ -59,6 +60,8 @@ def redrive(session: Session, message: Message) -> bool:
         "needs_lookup": case((Message.status == Status.UNKNOWN.value, True), else_=False),
         "updated_at": now,
     }
+    if provider is not None:
+        values["provider"] = case((Message.pinned, Message.provider), else_=provider)
     return _move(session, message, REDRIVABLE, values, (previous, "redrive"))
 
 

@@ -1,5 +1,5 @@
 """The worker's transitions of a message (take, leave, extend_lease, finish_sent, stop, park,
-give_back, renew, fail_over), each a named function over one row or many, fenced on the status and
+give_back, renew), each a named function over one row or many, fenced on the status and
 attempt count its worker saw (``fence.move``) and emitting its ``Transition`` once its UPDATE
 moved the row. Every code and reason stored comes from an outcome or a constant of ours,
 already bounded (``delivery.core.bounds``).
@@ -35,14 +35,13 @@ from delivery.core.outcomes import Delivered, Found
 from delivery.core.status import Status
 from delivery.observability.events import Transition, emit
 from delivery.transitions.attempts import ATTEMPT_COLUMNS, attempt_row
-from delivery.transitions.fence import move, move_where, unnest
+from delivery.transitions.fence import move, unnest
 from delivery.transitions.vocabulary import Failure, Sending
 
 __all__ = [
     "Accepted",
     "Leave",
     "extend_lease",
-    "fail_over",
     "finish_sent",
     "give_back",
     "leave",
@@ -188,59 +187,6 @@ def renew(conn: Connection, msg: Sending, until: dt.datetime) -> bool:
     return move(
         conn, *fence, Status.SENDING, lease_expires_at=until, needs_lookup=False, pinned=False
     )
-
-
-def fail_over(
-    conn: Connection,
-    entry: Row[Any] | Sending,
-    to_provider: str,
-    reason: tuple[str, str],
-    due: dt.datetime,
-    *,
-    spent: bool,
-) -> bool:
-    """The message moves to ``to_provider`` (``delivery.sending.failover`` decided that no
-    attempt on its provider can have taken effect): back to ``pending``, due at ``due``,
-    not ``pinned``, no lookup needed (the new provider never had it); ``reason``: the
-    failover's reason and its text. ``entry``: a ``dispatched`` row its worker never took, or
-    a ``sending`` message (``Sending``) whose call failed (``spent``: its attempt counts) or
-    was never made (taken ahead: the attempt is given back, as ``give_back`` does). Its
-    ``Transition`` names ``to_provider`` and the reason as its ``code``; its outcome is the
-    failed call's (``retryable``), or None when no call was made. Fenced on the status and
-    attempt count seen; False if someone else moved it."""
-    values: dict[str, object] = dict(
-        provider=to_provider,
-        pinned=False,
-        needs_lookup=False,
-        next_attempt_at=due,
-        lease_expires_at=None,
-        last_error_code="FAILOVER",
-        last_error=reason[1],
-    )
-    if isinstance(entry, Sending):
-        if not spent:
-            values["max_attempts"] = entry.max_attempts + 1
-        fence = (entry.id, entry.attempt, Status.SENDING)
-    else:
-        fence = (entry.id, entry.attempts, Status.DISPATCHED)
-    if not move_where(conn, fence, Status.PENDING, None, values):
-        return False
-    emit(
-        Transition(
-            entry.id,
-            entry.key,
-            entry.provider,
-            fence[2],
-            Status.PENDING,
-            fence[1],
-            "retryable" if spent and isinstance(entry, Sending) else None,  # the call, if made
-            reason[0],
-            message_type=entry.message_type,
-            to_provider=to_provider,
-            channel=entry.channel,
-        )
-    )
-    return True
 
 
 def _finish(conn: Connection, msg: Sending, to: Status, event: _Event, **values: object) -> bool:

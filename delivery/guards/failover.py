@@ -24,37 +24,56 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+from collections.abc import Callable
 from typing import Any, Literal
 
-from delivery.runtime.service import Service
-from delivery.transitions import Sending
+from delivery.config.settings import Settings
 
-__all__ = ["REASONS", "Reason", "target"]
+__all__ = ["REASONS", "BreakerState", "Reason", "redrive_provider", "target"]
 
 Reason = Literal["circuit_open", "rate_limited", "unavailable"]
 #: Why a message failed over (``delivery_failovers_total``'s ``reason``): its provider's
 #: breaker turned it away, its rate limit would make it wait, or its answers (5xx, 429,
 #: refused connections) and their backoff would.
 REASONS: tuple[Reason, ...] = ("circuit_open", "rate_limited", "unavailable")
+#: A provider's breaker state by name (``CircuitBreaker.status().state``).
+BreakerState = Callable[[str], str]
 
 
-def target(service: Service, message: Sending | Any, next_try: dt.datetime) -> str | None:
+def target(
+    settings: Settings, message: Any, next_try: dt.datetime, breaker_state: BreakerState
+) -> str | None:
     """The provider ``message`` moves to now, or None: it stays on its own. ``message``: the
     ``Sending`` of a call that just failed with an answer that created nothing, or a row its
-    worker has not called for (its breaker or rate limit turned it away); ``next_try``: when
-    it could next be tried on its current provider."""
-    settings = service.settings
+    worker has not called for (its breaker or rate limit turned it away), with its
+    ``provider``, ``pinned``, ``channel``, ``message_type`` and ``created_at`` (``Sending``:
+    ``enqueued_at``); ``next_try``: when it could next be tried on its current provider."""
     if message.pinned:
         return None
     route = settings.route(message.channel, message.message_type)
     if message.provider not in route.providers or math.isinf(route.failover_after):
         return None
-    enqueued = message.enqueued_at if isinstance(message, Sending) else message.created_at
+    enqueued = getattr(message, "enqueued_at", None) or message.created_at
     if next_try <= enqueued + dt.timedelta(seconds=route.failover_after):
         return None
-    for name in route.providers:
-        if name == message.provider or name not in settings.providers:
-            continue
-        if service.breaker(name).status().state != "open":
-            return name
-    return None
+    others = [name for name in route.providers if name != message.provider]
+    return _first(settings, others, lambda name: breaker_state(name) != "open")
+
+
+def redrive_provider(settings: Settings, message: Any, breaker_state: BreakerState) -> str | None:
+    """The provider a redriven ``dead`` message goes to: the first of its route whose breaker
+    is closed (``breaker_state(name)``), its own included; None: it keeps its provider (it
+    is ``pinned``, has no route, or no breaker of its route is closed)."""
+    if message.pinned:
+        return None
+    route = settings.route(message.channel, message.message_type)
+    if message.provider not in route.providers:
+        return None
+    return _first(settings, route.providers, lambda n: breaker_state(n) in ("closed", "disabled"))
+
+
+def _first(
+    settings: Settings, names: list[str] | tuple[str, ...], usable: Callable[[str], bool]
+) -> str | None:
+    """The first of ``names`` that is configured and ``usable``."""
+    return next((name for name in names if name in settings.providers and usable(name)), None)
