@@ -10,7 +10,7 @@ from __future__ import annotations
 import datetime as dt
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import pytest
@@ -128,6 +128,25 @@ def service_on(engine: Engine, provider: ProviderStub, **settings: Any) -> Servi
     service = Service(base.with_(**values), engine, make_sessionmaker(engine))
     service._providers[provider.name] = provider  # the provider stub, nothing of ours
     return service
+
+
+def two_providers(service: Service, backup: Any, failover_after: float = 1.0) -> Service:
+    """``service`` (``service_on``'s) with a second provider, ``backup`` (its breaker as
+    quiet as ``stub``'s), after ``stub`` on the ``sms`` channel's route: its messages fail
+    over once a wait on ``stub`` would end ``failover_after`` s after their enqueue."""
+    settings = service.settings
+    stub = settings.providers["stub"]
+    sms = replace(settings.channels["sms"], providers=("stub", "backup"))
+    sms = replace(sms, failover_after=failover_after)
+    changed = settings.with_(
+        providers={**settings.providers, "backup": replace(stub, name="backup")},
+        channels={**settings.channels, "sms": sms},
+    )
+    two = Service(changed, service.engine, service.sessions)
+    two._providers.update(service._providers)
+    two._providers["backup"] = backup
+    service.close()
+    return two
 
 
 def _fields(obj: Any) -> dict[str, Any]:

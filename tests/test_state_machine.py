@@ -3,13 +3,17 @@ pipeline in any order against real PostgreSQL and checks the invariants after ea
 
 Steps: ``enqueue`` (committed or rolled back), the relay's claim, a worker's attempt with any
 class of provider answer (delivered, retryable, in progress, permanent, lost after taking
-effect, unknown without effect) or a crash (before or after the provider acted, during a
-lookup), a worker that stalls inside the provider call and answers late, time passing (due
-times and leases fall due), the sweeper, and the ops commands redrive / resolve / cancel.
+effect, unknown without effect, refused before acting, an error after acting) or a crash
+(before or after the provider acted, during a lookup), a worker that stalls inside the
+provider call and answers late, time passing (due times and leases fall due), the sweeper,
+and the ops commands redrive / resolve / cancel. Messages have a route of two providers
+(``stub``, then ``backup``) and fail over (docs/concepts.md, "Failover") whenever the rule
+lets them: every retry wait here is longer than their ``failover_after``.
 
 Invariants, after every step:
 
-- at most one effect per key at a provider *without* dedupe for messages whose policy is
+- at most one provider can have taken effect per key, whatever the policy (failover);
+- at most one effect per key, across providers *without* dedupe, for messages whose policy is
   ``lookup`` or ``give_up`` (``retry`` relies on the provider's dedupe by design);
 - every committed message is in the outbox (rolled back ones are not), and is final or
   scheduled: ``pending`` with a due time, ``dispatched``/``sending`` with a lease;
@@ -57,7 +61,7 @@ from delivery.relay.claims import Claim, relay_once
 from delivery.relay.sweeper import sweep
 from delivery.sending.sender import deliver
 from delivery.transitions import IN_PROGRESS
-from tests.fence_kit import fence_engine, service_on, wipe
+from tests.fence_kit import fence_engine, service_on, two_providers, wipe
 
 __all__ = ["fence_engine"]  # the fixture, used by name
 
@@ -70,6 +74,8 @@ SENDS = (
     "permanent",
     "lost",  # took effect, the answer was lost: unknown
     "unknown_nothing",  # written, no effect, no answer: unknown
+    "refused",  # refused before acting (a 429, a 503, a refused connection): created nothing
+    "error_after",  # took effect, then answered a 500: retryable, but it may have acted
     "crash_before",  # the worker dies after committing `sending`, before the request
     "crash_after",  # the worker dies after the provider acted
 )
@@ -96,6 +102,10 @@ class Plan:
             self.gate.wait(30)
 
 
+#: The plan of the worker running on this thread, whichever provider it calls.
+_plans = threading.local()
+
+
 @dataclass
 class Provider:
     """An in-memory provider without dedupe: every accepted send is a new effect."""
@@ -104,14 +114,13 @@ class Provider:
     supports_lookup: bool = True
     in_progress_wait: float | None = None
     effects: Counter[str] = field(default_factory=Counter)
-    local: threading.local = field(default_factory=threading.local)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def send(self, envelope: Envelope) -> outcomes.Outcome:
-        plan: Plan = self.local.plan
+        plan: Plan = _plans.plan
         if plan.send == "crash_before":
             raise Crash
-        if plan.send in ("delivered", "lost", "crash_after"):
+        if plan.send in ("delivered", "lost", "crash_after", "error_after"):
             with self.lock:
                 self.effects[envelope.key] += 1
                 n = self.effects[envelope.key]
@@ -120,7 +129,11 @@ class Provider:
             case "delivered":
                 return outcomes.Delivered(f"ref-{envelope.key}-{n}", 201)
             case "retryable":
-                return outcomes.Retryable("HTTP_503", "unavailable", 503)
+                return outcomes.Retryable("HTTP_502", "bad gateway", 502)
+            case "refused":
+                return outcomes.Retryable("HTTP_503", "unavailable", 503, created_nothing=True)
+            case "error_after":
+                return outcomes.Retryable("HTTP_500", "failed while acting", 500)
             case "in_progress":
                 return outcomes.Retryable(IN_PROGRESS, "our earlier send is running", 409)
             case "permanent":
@@ -130,7 +143,7 @@ class Provider:
         raise Crash  # crash_after
 
     def lookup(self, envelope: Envelope) -> outcomes.LookupOutcome:
-        plan: Plan = self.local.plan
+        plan: Plan = _plans.plan
         if plan.lookup == "crash":
             raise Crash
         with self.lock:
@@ -146,21 +159,29 @@ class Provider:
 
 class OutboxMachine(RuleBasedStateMachine):
     engine: Engine  # set by the test before the machine runs
+    #: Messages seen on the backup provider, per run: the runs reach failover.
+    failed_over: Counter[int] = Counter()
+    runs = 0
 
     def __init__(self) -> None:
         super().__init__()
         wipe(self.engine)
-        self.provider = Provider()
+        self.provider, self.backup = Provider(), Provider("backup")
         # Waits are long (a seeded backoff of up to 3000 s) and due only when ``time_passes``:
         # no step depends on how fast the previous one ran, so hypothesis can replay a run.
+        # Every retry wait passes failover_after (1 s): a message fails over when it may.
         slow = Backoff(base=1000.0, cap=3000.0)
         self.service = service_on(self.engine, self.provider, send_lease=60, backoff=slow)  # type: ignore[arg-type]
+        self.service = two_providers(self.service, self.backup)
         self.service.rng = random.Random(0)
+        delivery.configure(self.service.settings)  # the operators' redrive follows the route
         self.tasks: list[Claim] = []  # every task ever published: duplicates are possible
         self.committed: dict[str, str] = {}  # key -> policy
         self.fence: dict[str, int] = {}  # key -> highest attempt count seen
         self.stalled: list[tuple[threading.Thread, threading.Event]] = []
         self.n = 0
+        OutboxMachine.runs += 1
+        self.run = OutboxMachine.runs
 
     keys = Bundle("keys")
 
@@ -218,6 +239,14 @@ class OutboxMachine(RuleBasedStateMachine):
     def work(self, data: st.DataObject, send: str, lookup: str) -> None:
         self._attempt(self._task(data), Plan(send, lookup))
 
+    @precondition(lambda self: bool(self.tasks))
+    @rule(data=st.data(), lookup=st.sampled_from(LOOKUPS))
+    def outage(self, data: st.DataObject, lookup: str) -> None:
+        """A worker's attempt while its provider refuses every request before acting on it
+        (down, rate limited): the answer that lets a message fail over, when nothing else
+        pinned it."""
+        self._attempt(self._task(data), Plan("refused", lookup))
+
     @precondition(lambda self: bool(self.tasks) and len(self.stalled) < 2)
     @rule(data=st.data(), send=st.sampled_from(SENDS[:6]), lookup=st.sampled_from(LOOKUPS[:2]))
     def stall(self, data: st.DataObject, send: str, lookup: str) -> None:
@@ -241,7 +270,7 @@ class OutboxMachine(RuleBasedStateMachine):
         assert not thread.is_alive()
 
     def _attempt(self, task: Claim, plan: Plan) -> None:
-        self.provider.local.plan = plan
+        _plans.plan = plan
         with contextlib.suppress(Crash):  # the worker died mid-attempt: the sweeper's turn
             deliver(self.service, task.id, task.key)
 
@@ -277,7 +306,7 @@ class OutboxMachine(RuleBasedStateMachine):
     @rule(key=keys)
     def ops_resolve(self, key: str) -> None:
         """An operator checks with the provider first, then resolves truthfully."""
-        to = Status.SENT if self.provider.effects[key] else Status.DEAD
+        to = Status.SENT if self.provider.effects[key] or self.backup.effects[key] else Status.DEAD
         self._ops(lambda s: resolve(s, key, to))
 
     @rule(key=keys)
@@ -297,16 +326,26 @@ class OutboxMachine(RuleBasedStateMachine):
             gate.set()
             thread.join(30)
         self.service.close()
+        delivery.configure(None)
 
     # -- the invariants ----------------------------------------------------------------------
 
+    def _effects(self) -> tuple[Counter[str], Counter[str]]:
+        with self.provider.lock, self.backup.lock:
+            return Counter(self.provider.effects), Counter(self.backup.effects)
+
+    @invariant()
+    def one_provider_per_key(self) -> None:
+        primary, backup = self._effects()
+        both = {k: (primary[k], backup[k]) for k in primary if backup[k]}
+        assert not both, f"effects at both providers: {both}"
+
     @invariant()
     def one_effect_per_key_without_dedupe(self) -> None:
-        with self.provider.lock:
-            effects = dict(self.provider.effects)
+        primary, backup = self._effects()
         twice = {
             k: n
-            for k, n in effects.items()
+            for k, n in (primary + backup).items()
             if n > 1 and self.committed.get(k) in ("lookup", "give_up")
         }
         assert not twice, f"duplicate effects: {twice}"
@@ -326,6 +365,8 @@ class OutboxMachine(RuleBasedStateMachine):
             else:  # dispatched, sending: a lease bounds how long they wait for a worker
                 assert r.lease_expires_at is not None, where
             assert r.attempts >= self.fence.get(r.key, 0), f"fence went back: {where}"
+            if r.provider == "backup":
+                OutboxMachine.failed_over[self.run] += 1
             assert r.attempts <= r.max_attempts, where
             self.fence[r.key] = r.attempts
 
@@ -347,7 +388,10 @@ def test_outbox_state_machine(fence_engine: Engine, monkeypatch: pytest.MonkeyPa
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much],
     )
+    OutboxMachine.failed_over, OutboxMachine.runs = Counter(), 0
     run().runTest()
+    # about a third of the runs fail over (10 to 18 of 40-44 in five runs): 3 is far below
+    assert len(OutboxMachine.failed_over) >= 3, "the runs never (or hardly) failed over"
 
 
 class _Draw:
@@ -380,5 +424,71 @@ def test_scripted_lookup_outliving_its_lease(
         m.answer_late(_Draw(0))  # the stalled lookup answers "absent" now
         m.one_effect_per_key_without_dedupe()
         m.committed_messages_are_final_or_scheduled()
+    finally:
+        m.teardown()
+
+
+def _provider_of(engine: Engine, key: str) -> tuple[str, bool]:
+    with engine.connect() as conn:
+        row = conn.execute(
+            select(messages_table.c.provider, messages_table.c.pinned).where(
+                messages_table.c.key == key
+            )
+        ).one()
+    return row.provider, row.pinned
+
+
+@pytest.mark.parametrize("first", ["lost", "error_after", "in_progress", "crash_after"])
+def test_scripted_an_attempt_that_may_have_acted_pins_its_provider(
+    fence_engine: Engine, monkeypatch: pytest.MonkeyPatch, first: str
+) -> None:
+    """The machine's steps in known orders: an attempt that may have taken effect at ``stub``
+    (an answer lost, a 500 after acting, our earlier attempt in progress, a worker killed
+    after the call) pins the message there; the outage that follows (refused, nothing
+    created) waits for ``stub`` instead of failing over, and it ends sent there only."""
+    monkeypatch.setattr(outbox, "_nudge", None)
+    OutboxMachine.engine = fence_engine
+    m = OutboxMachine()
+    try:
+        key = m._enqueue("retry", commit=True)  # no lookup: only "pinned" stops a failover
+        m.relay()
+        m.work(_Draw(1, 0), first, "truthful")  # type: ignore[arg-type]
+        m.beat_after_a_minute()  # a crashed worker's send is recovered; a retry comes due
+        m.time_passes(3600)
+        m.relay()
+        m.outage(_Draw(1, 0), "truthful")  # type: ignore[arg-type]
+        assert _provider_of(fence_engine, key) == ("stub", True)
+        m.time_passes(3600)
+        m.relay()
+        m.work(_Draw(1, 0), "delivered", "truthful")  # type: ignore[arg-type]
+        m.one_provider_per_key()
+        m.committed_messages_are_final_or_scheduled()
+        assert m.provider.effects[key] >= 1 and not m.backup.effects[key]
+    finally:
+        m.teardown()
+
+
+def test_scripted_a_lookup_that_finds_nothing_lets_it_fail_over(
+    fence_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An unknown attempt pins the message to ``stub``; a lookup there that answers
+    "absent" unpins it, so the refused send that follows fails over to ``backup``, where it
+    is delivered: one effect, at one provider."""
+    monkeypatch.setattr(outbox, "_nudge", None)
+    OutboxMachine.engine = fence_engine
+    m = OutboxMachine()
+    try:
+        key = m.first()  # policy lookup
+        m.relay()
+        m.work(_Draw(1, 0), "unknown_nothing", "truthful")  # type: ignore[arg-type]
+        assert _provider_of(fence_engine, key) == ("stub", True)
+        m.time_passes(3600)
+        m.relay()
+        m.outage(_Draw(1, 0), "truthful")  # absent, then refused
+        assert _provider_of(fence_engine, key) == ("backup", False)
+        m.relay()
+        m.work(_Draw(1, 0), "delivered", "truthful")  # type: ignore[arg-type]
+        m.one_provider_per_key()
+        assert (m.provider.effects[key], m.backup.effects[key]) == (0, 1)
     finally:
         m.teardown()

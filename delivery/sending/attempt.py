@@ -257,6 +257,7 @@ def call(service: Service, taken: Taken) -> Result | Sent:
         settled = after_lookup(service, msg, found, started)
         if settled is not None:
             return settled
+        msg = replace(msg, pinned=False)  # absent: nothing there (``renew`` unpinned the row)
     started = time.perf_counter()
     outcome = calls.send(provider, envelope)
     return Sent(msg, outcome, started, breaker.record(permit, breaker_verdict(outcome)))
