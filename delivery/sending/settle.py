@@ -54,7 +54,6 @@ from delivery.transitions.worker import Accepted, finish_sent, park, renew, stop
 
 __all__ = [
     "CIRCUIT_JITTER",
-    "FAILOVER",
     "Sent",
     "after_lookup",
     "after_send",
@@ -62,7 +61,6 @@ __all__ = [
     "failed_over",
     "probe_wait",
 ]
-
 
 CIRCUIT_JITTER = 1.0
 """Up to this many seconds are added to a wait for the breaker's next probe time."""
@@ -158,7 +156,9 @@ def _after_failure(service: Service, call: Sent) -> Result:
             case outcomes.Retryable(code=code, reason=reason, retry_after=retry_after):
                 pins = not outcomes.created_nothing(outcome)
                 failure = Failure(code, reason, "retryable", Status.DEAD, retry_after, pins=pins)
-                return _retry_or_stop(service, conn, msg, failure, breaker)
+                limited = outcome.http_status == 429
+                why: failover.Reason = "rate_limited" if limited else "unavailable"
+                return _retry_or_stop(service, conn, msg, failure, breaker, why=why)
             case outcomes.Unknown(code=code, reason=reason):
                 if msg.policy is UnknownPolicy.GIVE_UP:
                     return _stop(conn, msg, Failure(code, reason, "unknown", Status.UNKNOWN))
@@ -181,9 +181,12 @@ def _retry_or_stop(
     msg: Sending,
     failure: Failure,
     breaker: Recorded = _NO_BREAKER,
+    *,
+    why: failover.Reason = "unavailable",
 ) -> Result:
     """Wait and try again with the same key, or stop once the attempts are spent; a failed
-    probe gives its attempt back (the module docstring)."""
+    probe gives its attempt back (the module docstring). After a call that created nothing
+    the message may fail over instead (``why``: what kept it from its provider)."""
     if msg.attempt >= msg.max_attempts and not breaker.probe_failed:
         spent = f"attempts exhausted ({msg.attempt}/{msg.max_attempts}): {failure.reason}"
         return _stop(conn, msg, replace(failure, reason=spent))
@@ -191,7 +194,9 @@ def _retry_or_stop(
     if breaker.retry_at is not None:  # the breaker is open: sooner it would only be parked
         delay = max(delay, probe_wait(service, breaker.retry_at))
     if not failure.pins:  # it created nothing: may the message move on instead of waiting?
-        moved = _fail_over(service, conn, msg, failure, breaker=breaker, delay=delay)
+        if breaker.retry_at is not None:
+            why = "circuit_open"
+        moved = _fail_over(service, conn, msg, failure, why, breaker=breaker, delay=delay)
         if moved is not None:
             return moved
     if breaker.probe_failed:
@@ -206,6 +211,7 @@ def _fail_over(
     conn: Connection,
     msg: Sending,
     failure: Failure,
+    reason: failover.Reason,
     *,
     breaker: Recorded,
     delay: float,
@@ -218,11 +224,6 @@ def _fail_over(
     to = failover.target(service.settings, msg, now + dt.timedelta(seconds=delay), state)
     if to is None:
         return None
-    reason: failover.Reason = "unavailable"
-    if breaker.retry_at is not None:
-        reason = "circuit_open"
-    elif failure.retry_after is not None or failure.code.endswith("429"):
-        reason = "rate_limited"
     text = f"failed over from {msg.provider!r} to {to!r}: {failure.reason}"
     if not fail_over(conn, msg, to, (reason, text), now, spent=not breaker.probe_failed):
         return _CHANGED
