@@ -178,13 +178,14 @@ class Processes:
 
         self._procs: list[ServiceProcess] = []
 
-    def stub(self) -> Any:
-        """Start the stub provider as its own process; return a ``StubClient`` for it."""
+    def stub(self, port: int = STUB_PORT, name: str = "stub") -> Any:
+        """Start a stub provider as its own process (on ``STUB_PORT`` unless given another
+        ``port``; its log ``NAME.log``); return a ``StubClient`` for it."""
         from delivery.testing.processes import stub_provider
         from delivery.testing.stub_provider import StubClient
 
-        self._procs.append(stub_provider(RUN_DIR / "stub.log", STUB_PORT, cwd=ROOT).start())
-        return StubClient(STUB_URL)
+        self._procs.append(stub_provider(RUN_DIR / f"{name}.log", port, cwd=ROOT).start())
+        return StubClient(f"http://127.0.0.1:{port}")
 
     def worker(
         self,

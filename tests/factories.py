@@ -77,3 +77,42 @@ def add_attempt(
         )
     )
     session.commit()
+
+
+def add_failover(session: Session, key: str, *, sent: bool = True) -> Message:
+    """A message that failed over, its attempt rows as the worker writes them (each naming its
+    provider): a 503 at ``primary`` (it created nothing), a 429 and then the accepted send at
+    ``backup`` (``sent``); or only the 503, after which it is pending on ``backup``
+    (``FAILOVER``, the stored reason naming the recipient, as older releases stored it)."""
+    reason = f"failed over from 'primary' to 'backup': 503 for {RECIPIENT}"
+    started = utcnow() - dt.timedelta(seconds=30)
+    message = add(
+        session,
+        key,
+        "sent" if sent else "pending",
+        provider="backup",
+        attempts=3 if sent else 1,
+        last_error_code="HTTP_429" if sent else "FAILOVER",
+        last_error="rate limited" if sent else reason,
+        sent_at=utcnow() if sent else None,
+        provider_ref="msg_backup_1" if sent else None,
+        created_at=started - dt.timedelta(seconds=1),
+    )
+    calls = [("primary", "retryable", "HTTP_503")]
+    if sent:
+        calls += [("backup", "retryable", "HTTP_429"), ("backup", "delivered", None)]
+    for number, (provider, outcome, code) in enumerate(calls, start=1):
+        session.add(
+            Attempt(
+                message_id=message.id,
+                number=number,
+                kind="send",
+                provider=provider,
+                started_at=started + dt.timedelta(seconds=number),
+                outcome=outcome,
+                error_code=code,
+                error=None if code is None else f"answer for {RECIPIENT}",
+            )
+        )
+    session.commit()
+    return message

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 from delivery.cli import main
 from delivery.core.models import Attempt, Message, utcnow
 from delivery.observability.events import Transition, add_hook, remove_hook
-from tests.factories import STATUSES, add
+from tests.factories import STATUSES, add, add_failover
 
 RECIPIENT = "+15555550123"
 MASKED = "+1*******123"
@@ -105,6 +105,92 @@ def test_show_by_key_and_id_prints_attempts_and_masks(session: Session) -> None:
     assert revealed["recipient"] == RECIPIENT
     assert revealed["payload"] == {"body": "hi"}
     assert RECIPIENT in run("show", "order-7", "--reveal").output
+
+
+def test_show_names_each_attempts_provider_and_the_route(session: Session) -> None:
+    """``show`` of a message that failed over: each attempt names the provider it called, the
+    message its route (``primary -> backup``, a provider repeated in a row once) and
+    ``pinned``; a failover row between the two providers' attempts; ``--json`` has
+    ``provider`` per attempt, ``route`` as a list and ``pinned``. Recipients stay masked."""
+    add_failover(session, "otp-9")
+
+    data = json.loads(run("show", "otp-9", "--json").output)
+    assert [a["provider"] for a in data["attempts"]] == ["primary", "backup", "backup"]
+    assert (data["provider"], data["route"], data["pinned"]) == (
+        "backup",
+        ["primary", "backup"],
+        False,
+    )
+    assert list(data).index("route") == list(data).index("provider") + 1
+    assert RECIPIENT not in str(data)
+
+    shown = run("show", "otp-9")
+    assert shown.exit_code == 0, shown.output
+    lines = shown.output.splitlines()
+    assert any(line.split() == ["route", "primary", "->", "backup"] for line in lines), lines
+    assert any(line.split() == ["pinned", "False"] for line in lines), shown.output
+    tries = [line for line in lines if "(try " in line]
+    assert [t.split("│")[5].strip() for t in tries] == ["primary", "backup", "backup"]
+    (moved,) = [line for line in lines if "failover" in line]
+    assert "primary -> backup" in moved
+    assert lines.index(moved) == lines.index(tries[0]) + 1
+    assert RECIPIENT not in shown.output and MASKED in shown.output
+
+
+def test_show_of_a_message_waiting_on_its_next_provider_names_why(session: Session) -> None:
+    """A message that failed over and has not been tried at its next provider yet: its route
+    ends there, and the failover row after its last attempt gives the stored reason, masked;
+    one that failed over before any attempt (its breaker was open) shows the move alone."""
+    add_failover(session, "otp-10", sent=False)
+    data = json.loads(run("show", "otp-10", "--json").output)
+    assert (data["route"], [a["provider"] for a in data["attempts"]]) == (
+        ["primary", "backup"],
+        ["primary"],
+    )
+    lines = run("show", "otp-10").output.splitlines()
+    (moved,) = [line for line in lines if "failover" in line]
+    assert "primary -> backup" in moved and "failed over from 'primary'" in moved
+    assert lines.index(moved) == next(i for i, line in enumerate(lines) if "(try 1)" in line) + 1
+    assert RECIPIENT not in "\n".join(lines)
+
+    reason = f"failed over from 'primary' to 'backup': breaker open ({RECIPIENT})"
+    add(
+        session,
+        "early-1",
+        "pending",
+        provider="backup",
+        last_error_code="FAILOVER",
+        last_error=reason,
+    )
+    data = json.loads(run("show", "early-1", "--json").output)
+    assert (data["route"], data["attempts"]) == (["backup"], [])
+    shown = run("show", "early-1").output
+    (moved,) = [line for line in shown.splitlines() if "failover" in line]
+    assert "-> backup" in moved and "failed over from 'primary'" in moved
+    assert RECIPIENT not in shown
+
+
+def test_show_of_a_pinned_message_and_of_rows_from_before_failover(session: Session) -> None:
+    """A message whose attempt may have taken effect is ``pinned``; an attempt row written
+    before failover existed (no provider) reads as its message's provider; a message that
+    never moved has a route of its one provider and no failover row."""
+    message = add(session, "pin-1", "pending", attempts=1, pinned=True)
+    session.add(
+        Attempt(
+            message_id=message.id,
+            number=1,
+            kind="send",
+            started_at=utcnow(),
+            outcome="unknown",
+        )
+    )
+    session.commit()
+    data = json.loads(run("show", "pin-1", "--json").output)
+    assert (data["route"], data["pinned"]) == (["stub"], True)
+    assert data["attempts"][0]["provider"] == "stub"
+    lines = run("show", "pin-1").output.splitlines()
+    assert ["pinned", "True"] in [line.split() for line in lines]
+    assert not [line for line in lines if "failover" in line]
 
 
 def test_redrive_requeues_dead_and_unknown_with_same_key(session: Session) -> None:

@@ -21,7 +21,7 @@ from delivery.console import parse_users
 from delivery.console.app import create_app
 from delivery.core.models import AuditEntry, Message, utcnow
 from delivery.errors import ConfigError
-from tests.factories import RECIPIENT, add, add_attempt, message_values
+from tests.factories import RECIPIENT, add, add_attempt, add_failover, message_values
 
 OPERATOR = ("ann", "correct-horse-battery")
 VIEWER = ("vic", "read-only-viewer-pass")
@@ -272,6 +272,38 @@ def test_message_page_opens_by_key_or_id_and_shows_the_timeline(
         assert "/task/" not in page and "Flower" not in page
         assert "try N: the message's attempt count at that call, across rounds" in page
     assert get(client, "/messages/nope").status_code == 404
+
+
+def test_message_page_shows_each_attempts_provider_and_the_route(
+    client: FlaskClient, session: Session
+) -> None:
+    """A message that failed over: its page has a route line (``primary → backup``), each
+    attempt's provider in the timeline with a failover row between them, the provider that
+    accepted it; one waiting on its next provider shows the failover with its stored reason,
+    masked, and ``FAILOVER``; a pinned one says it never fails over."""
+    add_failover(session, "fo-1")
+    page = get(client, "/messages/fo-1").get_data(as_text=True)
+    assert re.search(r"<th>route</th><td[^>]*>primary → backup<", page), page
+    providers = re.findall(r"\(try \d\)</td><td class=\"mono\">(\w+)</td>", page)
+    assert providers == ["primary", "backup", "backup"]
+    rows = re.findall(r"<tr[^>]*>.*?</tr>", page)
+    (moved,) = [i for i, row in enumerate(rows) if 'class="move"' in row]
+    assert "failed over" in rows[moved] and "primary → backup" in rows[moved]
+    assert "(try 1)" in rows[moved - 1] and "(try 2)" in rows[moved + 1]
+    accepted = next(row for row in rows if "accepted" in row)
+    assert '<td class="mono">backup</td>' in accepted
+    assert "<th>pinned</th>" in page and RECIPIENT not in page
+
+    add_failover(session, "fo-2", sent=False)
+    page = get(client, "/messages/fo-2").get_data(as_text=True)
+    assert re.search(r"<th>route</th><td[^>]*>primary → backup<", page), page
+    (moved_row,) = [row for row in re.findall(r"<tr[^>]*>.*?</tr>", page) if "move" in row]
+    assert "FAILOVER" in moved_row and "failed over from &#39;primary&#39;" in moved_row
+    assert RECIPIENT not in page and "[recipient]" in moved_row
+
+    add(session, "pin-2", "pending", attempts=1, pinned=True)
+    page = get(client, "/messages/pin-2").get_data(as_text=True)
+    assert "pinned to stub" in page and 'class="move"' not in page
 
 
 def test_message_page_links_to_flower_when_its_url_is_configured(

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import os
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -396,6 +397,48 @@ def test_the_admin_message_page_shows_its_receipts(admin_client: Client, db: Eng
     html = admin_client.get(f"{ADMIN}{message.id}/change/").content.decode()
     assert "evt-admin-1" in html and "delivered" in html and "moved" in html
     assert django_models.Message.objects.get(pk=message.id).receipts.count() == 1
+
+
+CALLED = re.compile(r'<td class="field-called">\s*<p>(\w+)</p>\s*</td>')
+
+
+def test_the_admin_message_page_shows_the_route_and_each_attempts_provider(
+    admin_client: Client, db: Engine
+) -> None:
+    """A message that failed over: its change page shows its route (``primary -> backup``),
+    ``pinned`` read-only, and each attempt with the provider it called (a row written before
+    failover, with none: its message's)."""
+    from sqlalchemy.orm import Session
+
+    from tests.factories import add, add_failover
+
+    with Session(db) as session:
+        moved = add_failover(session, "admin-fo-1")
+        old = add(session, "admin-old-1", "sent", attempts=1, pinned=True)
+        session.add(
+            Attempt(
+                message_id=old.id,
+                number=1,
+                kind="send",
+                outcome="delivered",
+                started_at=dt.datetime.now(dt.UTC),
+            )
+        )
+        session.commit()
+        moved_id, old_id = moved.id, old.id
+    html = admin_client.get(f"{ADMIN}{moved_id}/change/").content.decode()
+    assert re.search(
+        r'field-route.*?<div class="readonly">\s*primary -&gt; backup\s*</div>', html, re.S
+    )
+    assert re.search(r'field-pinned.*?<div class="readonly">\s*<img[^>]*alt="False"', html, re.S)
+    called = re.findall(CALLED, html)
+    assert called == ["primary", "backup", "backup"], html
+    assert "+1*******123" in html  # the recipient field, masked
+
+    html = admin_client.get(f"{ADMIN}{old_id}/change/").content.decode()
+    assert re.findall(CALLED, html) == ["stub"]
+    assert re.search(r'field-route.*?<div class="readonly">\s*stub\s*</div>', html, re.S)
+    assert re.search(r'field-pinned.*?<div class="readonly">\s*<img[^>]*alt="True"', html, re.S)
 
 
 def test_admin_resolve_actions_settle_unknown_messages_only(

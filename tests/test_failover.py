@@ -90,21 +90,22 @@ def rig(fence_db: Engine) -> Iterator[Rig]:
     rig.service.close()
 
 
-def test_an_open_breaker_sends_a_message_that_waited_too_long_to_the_backup(rig: Rig) -> None:
-    """The primary's breaker refuses: a message enqueued longer ago than ``failover_after``
-    moves to the backup, due now, without spending an attempt, and is sent there (same key);
-    one enqueued just now waits for the primary's next probe."""
+def test_an_open_breaker_sends_its_messages_to_the_backup(rig: Rig) -> None:
+    """The primary's breaker refuses (an outage: no request made): the message moves to the
+    backup at once, however recently it was enqueued, due now, without spending an attempt,
+    and is sent there (same key); a pinned one waits for the primary's next probe."""
     rig.open_breaker("stub")
-    old, new = rig.message("k-old"), rig.message("k-new", age=dt.timedelta(0))
-    moved = rig.send(old, "k-old")
-    assert (moved.action, moved.code) == (Action.PARKED, "FAILOVER")
-    row = rig.row("k-old")
+    new = rig.message("k-new", age=dt.timedelta(0))
+    pinned = rig.message("k-pinned", pinned=True)
+    moved = rig.send(new, "k-new")
+    assert (moved.action, moved.code, moved.provider) == (Action.PARKED, "FAILOVER", "backup")
+    row = rig.row("k-new")
     assert (row.provider, row.status, row.attempts, row.pinned) == ("backup", "pending", 0, False)
-    waits = rig.send(new, "k-new")
-    assert (waits.code, rig.row("k-new").provider) == ("CIRCUIT_OPEN", "stub")
+    waits = rig.send(pinned, "k-pinned")
+    assert (waits.code, rig.row("k-pinned").provider) == ("CIRCUIT_OPEN", "stub")
     rig.relay_and_send()
-    assert rig.row("k-old").status == "sent"
-    assert (dict(rig.stub.effects), dict(rig.backup.effects)) == ({}, {"k-old": 1})
+    assert rig.row("k-new").status == "sent"
+    assert (dict(rig.stub.effects), dict(rig.backup.effects)) == ({}, {"k-new": 1})
     (failover,) = [t for t in rig.seen if t.to_provider is not None]
     assert (failover.provider, failover.to_provider, failover.code) == (
         "stub",

@@ -7,6 +7,7 @@ broker, drives three messages through the running worker and reads Flower's HTTP
 from __future__ import annotations
 
 import datetime as dt
+import importlib
 import os
 import re
 import subprocess
@@ -140,6 +141,7 @@ def test_flower_shows_delivered_dead_and_retried_tasks_by_key(
         assert to not in str(task) and to[2:] not in str(task) and "secret" not in str(task)
         assert task["kwargs"] in ("{}", {})
     assert seen["flower-ok"]["state"] == "SUCCESS"
+    assert "sent via stub" in str(seen["flower-ok"]["result"])
 
     dead = seen["flower-dead"]
     assert dead["state"] == "FAILURE"
@@ -148,7 +150,7 @@ def test_flower_shows_delivered_dead_and_retried_tasks_by_key(
     # The error code is searchable: Flower's search reads the result field, not the exception.
     found = flower.client.get("/api/tasks", params={"search": "21211"}).json()
     assert list(found) == ["flower-dead"], found
-    assert "dead: 21211" in str(found["flower-dead"]["result"])
+    assert "dead: 21211 via stub" in str(found["flower-dead"]["result"])
 
     retried = flower.client.get("/api/task/info/flower-retry").json()
     assert (retried["state"], retried["retries"]) == ("SUCCESS", 1)
@@ -168,7 +170,8 @@ def test_flower_shows_a_parked_send_as_parked_and_counts_retries_across_republis
 ) -> None:
     """A send parked by an open breaker shows as PARKED with its code and time, never a green
     SUCCESS; once the breaker closes it is sent (SUCCESS). A message republished after 3
-    attempts shows ``retries: 3``, not a count restarted at 0."""
+    attempts shows ``retries: 3``, not a count restarted at 0. A message on another provider
+    than its channel's is ``sent via`` that one."""
     breaker = CircuitBreaker(
         "stub", BreakerConfig(failure_threshold=1, reset_timeout=2), client=redis_client(REDIS_URL)
     )
@@ -196,8 +199,13 @@ def test_flower_shows_a_parked_send_as_parked_and_counts_retries_across_republis
     with Session(live) as session, session.begin():
         values = message_values("flower-again", attempts=3, recipient=DELIVERED)
         session.add(delivery.core.models.Message(**values))
+        # On another provider than its channel's (as after a failover): the result names it.
+        values = message_values("flower-via", provider="unguarded", recipient=DELIVERED)
+        session.add(delivery.core.models.Message(**values))
     wait_until(lambda: tasks_by_id(flower.client).get("flower-again", {}).get("state") == "SUCCESS")
     assert flower.client.get("/api/task/info/flower-again").json()["retries"] == 3
+    wait_until(lambda: tasks_by_id(flower.client).get("flower-via", {}).get("state") == "SUCCESS")
+    assert "sent via unguarded" in str(tasks_by_id(flower.client)["flower-via"]["result"])
 
 
 def test_flower_refuses_requests_without_credentials(flower: Flower) -> None:
@@ -270,7 +278,11 @@ def test_flower_shows_each_message_of_a_batch_by_its_key(
     assert batches, "the messages did not travel in batches"
     for key in keys:
         task = seen[key]
-        assert (task["name"], task["uuid"], task["result"]) == ("delivery.deliver", key, "sent")
+        assert (task["name"], task["uuid"], task["result"]) == (
+            "delivery.deliver",
+            key,
+            "sent via stub",
+        )
         assert key in task["args"]
     assert DELIVERED not in str(seen) and DELIVERED[2:] not in str(seen)
     assert "secret" not in str(seen)
@@ -282,3 +294,22 @@ def test_flower_shows_each_message_of_a_batch_by_its_key(
     assert keys[7] in one, one
     wait_until(lambda: tasks_by_id(flower.client).get("fb-retry", {}).get("state") == "FAILURE")
     assert flower.client.get("/api/task/info/fb-retry").json()["retries"] == 1
+
+
+def test_a_tasks_result_names_its_provider_and_a_failover_where_it_went() -> None:
+    """What the worker tells Flower (``delivery.worker.deliver``): a message that failed over
+    is PARKED with ``failed over to backup`` (never the stored reason, which may hold a
+    provider's text), one sent is ``sent via backup``, one dead names its code and provider."""
+    from delivery.core.status import Status
+    from delivery.transitions import Action, Result
+
+    task = importlib.import_module("delivery.worker.deliver")  # the package's name is the task
+    reason = f"failed over from 'primary' to 'backup': refused for {DELIVERED}"
+    moved = Result(Action.PARKED, Status.PENDING, 0.0, "FAILOVER", reason, "backup")
+    parked = task.parked_text(moved)
+    assert parked.startswith("failed over to backup; ") and DELIVERED not in parked
+    assert "no attempt spent" not in parked  # a call at the primary may have counted
+    sent = Result(Action.DONE, Status.SENT, provider="backup")
+    assert task.outcome_text(sent) == "sent via backup"
+    dead = Result(Action.DONE, Status.DEAD, code="21211", reason="text", provider="twilio")
+    assert task.outcome_text(dead) == "dead: 21211 via twilio"

@@ -212,6 +212,20 @@ def exported_samples(engine: Engine) -> dict[str, set[str]]:
         Transition(1, "k", "stub", "sending", "sent", 1, "delivered", enqueued_at=utcnow())
     )
     metrics.observe_breaker(BreakerTransition("stub", "half_open", "open", 1, utcnow(), "redis"))
+    metrics.observe_transition(
+        Transition(
+            2,
+            "k2",
+            "stub",
+            "sending",
+            "pending",
+            1,
+            "retryable",
+            "unavailable",
+            to_provider="backup",
+            channel="sms",
+        )
+    )
     metrics.observe_relay(1)
     receiver = Receiver(engine, {})  # the receipt receiver's own counters
     receiver.stored.labels("stub", "delivered").inc()
@@ -225,8 +239,8 @@ def exported_samples(engine: Engine) -> dict[str, set[str]]:
 
 
 def test_alert_rules_only_use_exported_metrics(sqlite_engine: Engine) -> None:
-    """deploy/alerts.yml parses, has the five seed alerts, and every expression names only
-    metrics (and label names) that we export."""
+    """deploy/alerts.yml parses, has the five seed alerts and the failover one, and every
+    expression names only metrics (and label names) that we export."""
     with make_sessionmaker(sqlite_engine)() as session:
         add(session, "x", "dead")
     exported = exported_samples(sqlite_engine)
@@ -256,6 +270,11 @@ def test_alert_rules_only_use_exported_metrics(sqlite_engine: Engine) -> None:
     assert "for" in next(r for r in rules if r["alert"] == "DeliveryBreakerOpenTooLong")
     too_long = next(r for r in rules if r["alert"] == "DeliveryBreakerOpenTooLong")
     assert too_long["for"] == "5m"
+    # A channel on its backup for more than 10 minutes: failovers to it all that time.
+    backup = next(r for r in rules if r["alert"] == "DeliveryOnBackupProvider")
+    assert backup["for"] == "10m"
+    assert re.search(r"by \(channel, to\) \(rate\(delivery_failovers_total\[", backup["expr"])
+    assert {"channel", "from", "to", "reason"} <= exported["delivery_failovers_total"]
 
 
 # --- structured logs ----------------------------------------------------------------------

@@ -466,6 +466,7 @@ NEVER = {
     "relay.release": "dispatched -> pending",
     "repair.redrive": "dead, unknown -> pending",
     "repair.cancel": "pending -> cancelled",
+    "failover.fail_over": "dispatched, sending -> pending",
 }
 EVENTS = "delivery.observability.events"
 SCOPES = {f"{EVENTS}.tell_outcomes_after"}

@@ -198,6 +198,31 @@ def test_fail_first_fails_n_times_per_key_then_succeeds(
     assert stub.effects() == {"k1": 1}
 
 
+def test_down_answers_every_post_and_lookup_with_the_error_and_keeps_what_it_holds(
+    stub: StubServer, http: httpx.Client
+) -> None:
+    """down=true: a provider that is down. A new key, a key whose answer would replay and a
+    lookup all get error_status, no effect; once up again the replay and the lookup answer as
+    before (what it held was kept)."""
+    first = send(http, "k1")
+    assert first.status_code == 201
+    stub.set_faults(down=True, retry_after=3)
+    replay, new = send(http, "k1"), send(http, "k2")
+    found = http.get("/v1/messages", params={"idempotency_key": "k1"})
+    for response in (replay, new, found):
+        assert response.status_code == 503
+        assert response.headers["retry-after"] == "3"
+    assert stub.effects() == {"k1": 1}
+    assert [r["outcome"] for r in stub.requests()] == ["effect", "error", "error"]
+    stub.set_faults(down=False)
+    assert send(http, "k1").content == first.content
+    assert http.get("/v1/messages", params={"idempotency_key": "k1"}).status_code == 200
+    assert http.get("/v1/messages", params={"idempotency_key": "k2"}).status_code == 404
+    assert stub.effects() == {"k1": 1}
+    with pytest.raises(ValueError, match="down"):
+        stub.set_faults(down="yes")
+
+
 def test_error_rate_is_reproducible_with_seed(stub: StubServer, http: httpx.Client) -> None:
     """The same seed and error_rate give the same sequence of errors and successes."""
 

@@ -22,7 +22,7 @@ from delivery.cli.common import (
     since_option,
 )
 
-__all__ = ["DUE", "TRIES", "dead_command", "show", "stats"]
+__all__ = ["DUE", "TRIES", "dead_command", "move_text", "route_text", "show", "stats"]
 
 #: What the age under ``stats`` counts.
 DUE = "pending or in flight, and due; messages scheduled for later do not count"
@@ -96,16 +96,30 @@ def dead_command(since: dt.datetime | None, code: str | None, limit: int, as_jso
     new_console().print(table)
 
 
-def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]) -> Table:
-    """Attempts numbered across redrives (``#``) and the operator actions between them; the
-    error printed is the masked one of ``shown`` (``ops.attempt_dict``), never the stored text."""
+def _timeline_table(
+    events: Sequence[ops.Event], shown: Sequence[dict[str, Any]], moved: str | None
+) -> Table:
+    """Attempts numbered across redrives (``#``), each with the provider it called, the
+    operator actions and the moves to another provider between them; the error printed is the
+    masked one of ``shown`` (``ops.attempt_dict``), never the stored text; ``moved``: the
+    message's masked ``last_error``, the reason of its latest failover."""
     errors = {fields["id"]: fields["error"] for fields in shown}
+    providers = {fields["id"]: fields["provider"] for fields in shown}
     table = new_table(
-        "#", "round", "when (UTC)", "what", "outcome", "http", "code", "ms", "error / detail"
+        "#",
+        "round",
+        "when (UTC)",
+        "what",
+        "provider",
+        "outcome",
+        "http",
+        "code",
+        "ms",
+        "error / detail",
     )
     table.title = "timeline"
     for event in events:
-        attempt, action, receipt = event.attempt, event.audit, event.receipt
+        attempt, action, receipt, move = event.attempt, event.audit, event.receipt, event.move
         if attempt is not None:
             latency = None if attempt.latency_ms is None else f"{attempt.latency_ms:.0f}"
             table.add_row(
@@ -113,11 +127,22 @@ def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]
                 cell(event.round),
                 cell(attempt.started_at),
                 cell(f"{attempt.kind} (try {attempt.number})"),
+                cell(providers.get(attempt.id)),
                 cell(attempt.outcome),
                 cell(attempt.http_status),
                 cell(attempt.error_code),
                 cell(latency),
                 cell(errors.get(attempt.id)),
+            )
+        elif move is not None:
+            table.add_row(
+                cell(None),
+                cell(event.round),
+                cell(None),  # not recorded: the move sits between the attempts it parts
+                cell("failover"),
+                cell(move_text(move)),
+                *[cell(None)] * 4,
+                cell(moved if move.latest else None),
             )
         elif receipt is not None:
             table.add_row(
@@ -125,6 +150,7 @@ def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]
                 cell(event.round),
                 cell(receipt.received_at),
                 cell(f"receipt {receipt.status}"),
+                cell(None),
                 cell(receipt.effect),
                 cell(None),
                 cell(receipt.code),
@@ -132,17 +158,30 @@ def _timeline_table(events: Sequence[ops.Event], shown: Sequence[dict[str, Any]]
                 cell(f"{receipt.event}, provider's time {receipt.provider_at or '-'}"),
             )
         elif action is not None:
-            moved = f"{action.from_status} -> {action.to_status}" if action.from_status else None
+            moved_status = (
+                f"{action.from_status} -> {action.to_status}" if action.from_status else None
+            )
             table.add_row(
                 cell(None),
                 cell(event.round),
                 cell(action.at),
                 cell(f"{action.action} by {action.actor}"),
-                cell(moved),
+                cell(None),
+                cell(moved_status),
                 *[cell(None)] * 3,
                 cell(action.detail),
             )
     return table
+
+
+def move_text(move: ops.Move) -> str:
+    """``primary -> backup``; ``-> backup`` when no attempt was made at the first."""
+    return f"{move.from_provider or ''} -> {move.to_provider}".lstrip()
+
+
+def route_text(route: Sequence[str]) -> str:
+    """A message's route as read: ``primary -> backup``."""
+    return " -> ".join(route)
 
 
 @click.command()
@@ -171,11 +210,13 @@ def show(ref: str, as_json: bool, reveal: bool) -> None:
             continue
         if name == "payload" and reveal:
             value = json.dumps(value, ensure_ascii=False)
+        if name == "route":
+            value = route_text(value)
         grid.add_row(Text(name), cell(value))
     console = new_console()
     console.print(grid)
     if events:
-        console.print(_timeline_table(events, data["attempts"]))
+        console.print(_timeline_table(events, data["attempts"], data["last_error"]))
         console.print(TRIES, style="dim")
     else:
         console.print("no attempts yet")

@@ -8,10 +8,11 @@
    created nothing either. An ``unknown`` attempt on a provider without a lookup pins the
    message there for good: it is only ever sent again there, with the same key, or goes to
    its ``on_unknown`` policy.
-2. **Only when waiting would take too long.** Its next try on the current provider (the
-   breaker's next probe time, the rate limit's wait, the backoff or Retry-After) would come
-   later than ``failover_after`` seconds after its enqueue (``Settings.route``: the type's,
-   else the channel's; ``"never"``: it always waits).
+2. **Only when its provider turns it away.** Its provider's breaker is open (it refuses the
+   message, or opened on the call that just failed: an outage, no request made), or its next
+   try there (the rate limit's wait, the backoff or Retry-After) would come later than
+   ``failover_after`` seconds after its enqueue (``Settings.route``: the type's, else the
+   channel's; ``"never"``: it always waits for its own provider, breaker or not).
 3. **To the first usable provider of its route**, in order, other than the current one: one
    whose breaker is not open (an open one is skipped, as the first was). None usable: it
    stays and waits where it is.
@@ -41,20 +42,21 @@ BreakerState = Callable[[str], str]
 
 
 def target(
-    settings: Settings, message: Any, next_try: dt.datetime, breaker_state: BreakerState
+    settings: Settings, message: Any, next_try: dt.datetime | None, breaker_state: BreakerState
 ) -> str | None:
     """The provider ``message`` moves to now, or None: it stays on its own. ``message``: the
     ``Sending`` of a call that just failed with an answer that created nothing, or a row its
     worker has not called for (its breaker or rate limit turned it away), with its
     ``provider``, ``pinned``, ``channel``, ``message_type`` and ``created_at`` (``Sending``:
-    ``enqueued_at``); ``next_try``: when it could next be tried on its current provider."""
+    ``enqueued_at``); ``next_try``: when it could next be tried on its current provider, or
+    None when that provider's breaker is open."""
     if message.pinned:
         return None
     route = settings.route(message.channel, message.message_type)
     if message.provider not in route.providers or math.isinf(route.failover_after):
         return None
     enqueued = getattr(message, "enqueued_at", None) or message.created_at
-    if next_try <= enqueued + dt.timedelta(seconds=route.failover_after):
+    if next_try is not None and next_try <= enqueued + dt.timedelta(seconds=route.failover_after):
         return None
     others = [name for name in route.providers if name != message.provider]
     return _first(settings, others, lambda name: breaker_state(name) != "open")

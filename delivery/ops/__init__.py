@@ -2,8 +2,8 @@
 framework (the ``delivery`` CLI, the console, the Django admin and the metrics exporter all
 call these). Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides.
 
-- ``inspect``: read only: counts, ages and rates; one message and its attempt log; JSON views
-  with the recipient masked.
+- ``inspect``: read only: counts, ages and rates; one message, its attempt log and its route
+  (the providers it went through); JSON views with the recipient masked.
 - ``repair``: ``redrive``, ``resolve``, ``cancel``: each one conditional UPDATE on the
   expected status that emits a ``Transition`` (an outcome for the app's hooks is told at the
   session's commit; ``take_outcomes`` for a session that never commits itself).
@@ -11,7 +11,8 @@ call these). Every function takes a SQLAlchemy ``Session`` and never commits: th
 - ``audit``: one row per operator action (repairs, reveals, breaker resets) with its actor.
 - ``search``: the console's message search (keyset pages on indexed columns).
 - ``series``: per-minute counts, error rates and latency percentiles for charts.
-- ``timeline``: a message's attempts, the actions on it and its receipts, in time order.
+- ``timeline``: a message's attempts, the actions on it, its receipts and its moves to
+  another provider, in time order.
 - ``breakers``: each provider's breaker as a row, and an audited reset.
 - ``suppression``: the suppression list: list, add, lift (audited; no recipient shown).
 - ``receipts``: what the receipts of a recent window say per provider (delivery rate, lag).
@@ -35,6 +36,7 @@ from delivery.ops.audit import (
 )
 from delivery.ops.inspect import (
     attempt_dict,
+    attempt_provider,
     dead,
     dead_ids,
     find,
@@ -43,6 +45,8 @@ from delivery.ops.inspect import (
     rates,
     receipt_dict,
     relay_lag,
+    route,
+    route_of,
     show,
     stats,
     stats_by_provider,
@@ -63,7 +67,7 @@ from delivery.ops.repair import (
 )
 from delivery.ops.search import MessageFilter, Page, matching_ids, parse_filter, search
 from delivery.ops.series import Series, series
-from delivery.ops.timeline import Event, receipts, timeline
+from delivery.ops.timeline import Event, Move, receipts, timeline
 
 __all__ = [
     "DEFAULT_ACTOR",
@@ -73,6 +77,7 @@ __all__ = [
     "CancelResult",
     "Event",
     "MessageFilter",
+    "Move",
     "Page",
     "PruneBatch",
     "ReceiptRates",
@@ -80,6 +85,7 @@ __all__ = [
     "ResolveResult",
     "Series",
     "attempt_dict",
+    "attempt_provider",
     "cancel",
     "cli_actor",
     "dead",
@@ -103,6 +109,8 @@ __all__ = [
     "relay_lag",
     "resolve",
     "reveal",
+    "route",
+    "route_of",
     "search",
     "series",
     "show",

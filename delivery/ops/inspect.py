@@ -1,5 +1,6 @@
 """Read the outbox: counts, ages and rates for dashboards, one message and its attempt log,
-and their JSON-ready views (recipient masked, payload hidden unless revealed).
+its route (the providers it went through: ``route``), and their JSON-ready views (recipient
+masked, payload hidden unless revealed).
 
 Every function takes a SQLAlchemy ``Session``, changes nothing and never commits. A ``ref`` is
 a message's idempotency key or, when it is all digits and no key matches, its numeric id.
@@ -8,7 +9,7 @@ a message's idempotency key or, when it is all digits and no key matches, its nu
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from sqlalchemy import Select, func, or_, select
@@ -23,6 +24,7 @@ from delivery.outbox.validation import canonical_json
 
 __all__ = [
     "attempt_dict",
+    "attempt_provider",
     "dead",
     "dead_ids",
     "find",
@@ -31,6 +33,8 @@ __all__ = [
     "rates",
     "receipt_dict",
     "relay_lag",
+    "route",
+    "route_of",
     "show",
     "stats",
     "stats_by_provider",
@@ -179,13 +183,44 @@ def _masked(value: str | None, recipient: str | None) -> str | None:
     return None if value is None else bounds.text(value, len(value) + 1, recipient)
 
 
-def attempt_dict(attempt: Attempt, *, recipient: str | None = None) -> dict[str, Any]:
+def attempt_provider(attempt: Attempt, message: Message) -> str:
+    """The provider ``attempt`` called: its own ``provider``, or, on a row written before
+    failover existed (NULL), its message's (no message could change provider then)."""
+    return attempt.provider or message.provider
+
+
+def route_of(current: str, called: Iterable[str | None]) -> list[str]:
+    """A message's route: the providers its attempts called (``called``, oldest first, None
+    for a row written before failover: ``current``), a provider repeated in a row named once,
+    then ``current``, the provider it is on now, when its last attempt was elsewhere (it
+    failed over, or a redrive moved it, and has not been tried there yet)."""
+    route: list[str] = []
+    for provider in called:
+        name = provider or current
+        if not route or route[-1] != name:
+            route.append(name)
+    if not route or route[-1] != current:
+        route.append(current)
+    return route
+
+
+def route(message: Message, attempts: Iterable[Attempt]) -> list[str]:
+    """The providers ``message`` went through, in order (``route_of``): ``["stub"]`` for one
+    that never moved, ``["primary", "backup"]`` for one that failed over."""
+    return route_of(message.provider, (attempt.provider for attempt in attempts))
+
+
+def attempt_dict(
+    attempt: Attempt, *, recipient: str | None = None, provider: str | None = None
+) -> dict[str, Any]:
     """A JSON-ready dict of one attempt; its error text masked for ``recipient`` (and for
-    phone numbers and emails) unless ``recipient`` is ``None``."""
+    phone numbers and emails) unless ``recipient`` is ``None``. ``provider``: the one it
+    called, when its row does not say (written before failover: its message's)."""
     return {
         "id": attempt.id,
         "number": attempt.number,
         "kind": attempt.kind,
+        "provider": attempt.provider or provider,
         "started_at": _iso(attempt.started_at),
         "outcome": attempt.outcome,
         "http_status": attempt.http_status,
@@ -219,7 +254,10 @@ def message_dict(
     Unless ``reveal``, the recipient is masked and the payload replaced by its size
     (``"<hidden: N bytes>"``). The payload hash is never shown: it is an unkeyed sha256 of
     the recipient and payload, so a short secret in it (an OTP) could be found by guessing.
-    ``attempts``, when given, are included as ``"attempts"``.
+    ``attempts``, when given, are included as ``"attempts"`` (each naming the provider it
+    called), with the message's ``"route"``: the providers they went through (``route``).
+    ``"pinned"``: an attempt on its provider may have taken effect, so it never fails over
+    (docs/concepts.md, "Failover").
     """
     recipient = message.recipient
     if reveal:
@@ -237,6 +275,7 @@ def message_dict(
         "max_attempts": message.max_attempts,
         "on_unknown": message.on_unknown,
         "needs_lookup": message.needs_lookup,
+        "pinned": bool(message.pinned),
         "next_attempt_at": _iso(message.next_attempt_at),
         "lease_expires_at": _iso(message.lease_expires_at),
         "last_error_code": message.last_error_code,
@@ -249,5 +288,19 @@ def message_dict(
     }
     if attempts is not None:
         mask_for = None if reveal else recipient
-        data["attempts"] = [attempt_dict(attempt, recipient=mask_for) for attempt in attempts]
+        data = _after(data, "provider", "route", route(message, attempts))
+        data["attempts"] = [
+            attempt_dict(attempt, recipient=mask_for, provider=message.provider)
+            for attempt in attempts
+        ]
     return data
+
+
+def _after(data: dict[str, Any], name: str, new: str, value: Any) -> dict[str, Any]:
+    """``data`` with ``new: value`` right after its key ``name``."""
+    ordered: dict[str, Any] = {}
+    for key, old in data.items():
+        ordered[key] = old
+        if key == name:
+            ordered[new] = value
+    return ordered

@@ -353,7 +353,7 @@ def _circuit_open(service: Service, entry: Entry, permit: Permit, now: dt.dateti
     wait = probe_wait(service, permit.retry_at)
     due = now + dt.timedelta(seconds=wait)
     state = f"circuit breaker of provider {row.provider!r} is {permit.state}"
-    moved = _fail_over(service, entry, "circuit_open", state, wait=wait, now=now)
+    moved = _fail_over(service, entry, "circuit_open", state, wait=None, now=now)
     if moved is not None:
         return moved
     reason = f"{state}; next try at {due.isoformat(timespec='seconds')}"
@@ -368,15 +368,15 @@ def _fail_over(
     reason: failover.Reason,
     why: str,
     *,
-    wait: float,
+    wait: float | None,
     now: dt.datetime,
 ) -> Result | None:
-    """``entry``, not called for (its provider's breaker or rate limit would make it wait
-    ``wait`` s), moves to the next provider of its route, due now, if the failover rule
-    lets it (``delivery.guards.failover``); None: it stays. A row taken ahead gives its
-    attempt back."""
+    """``entry``, not called for (its provider's breaker refuses it: ``wait`` None; or its
+    rate limit would make it wait ``wait`` s), moves to the next provider of its route, due
+    now, if the failover rule lets it (``delivery.guards.failover``); None: it stays. A row
+    taken ahead gives its attempt back."""
     row = entry_row(entry)
-    next_try = now + dt.timedelta(seconds=wait)
+    next_try = None if wait is None else now + dt.timedelta(seconds=wait)
     to = failover.target(service.settings, row, next_try, service.breaker_state)
     if to is None:
         return None
@@ -384,7 +384,7 @@ def _fail_over(
     with tell_outcomes_after(), service.autocommit.connect() as conn:
         message = entry.msg if isinstance(entry, Taken) else row
         moved = fail_over(conn, message, to, (reason, text), now, spent=False)
-    return failed_over(text) if moved else _TAKEN
+    return failed_over(to, text) if moved else _TAKEN
 
 
 def _too_late(service: Service, taken: Taken, now: dt.datetime) -> Result:

@@ -66,7 +66,6 @@ CIRCUIT_JITTER = 1.0
 """Up to this many seconds are added to a wait for the breaker's next probe time."""
 
 _CHANGED = Result(Action.SKIP, reason="row changed while sending")
-_DONE_SENT = Result(Action.DONE, Status.SENT)
 _NO_BREAKER = Recorded()
 
 
@@ -129,7 +128,8 @@ def _sent(service: Service, accepted: Sequence[Accepted]) -> dict[int, Result]:
     postgresql = service.engine.dialect.name == "postgresql"
     with service.autocommit.connect() if postgresql else service.engine.begin() as conn:
         moved = finish_sent(conn, accepted)
-    return {msg.id: _DONE_SENT if msg.id in moved else _CHANGED for msg, *_ in accepted}
+    sent = {msg.id: Result(Action.DONE, Status.SENT, provider=msg.provider) for msg, *_ in accepted}
+    return {msg_id: result if msg_id in moved else _CHANGED for msg_id, result in sent.items()}
 
 
 def after_send(
@@ -171,7 +171,8 @@ def _after_failure(service: Service, call: Sent) -> Result:
 def _stop(conn: Connection, msg: Sending, failure: Failure) -> Result:
     """End the message in ``failure.final`` (dead or unknown)."""
     if stop(conn, msg, failure):
-        return Result(Action.DONE, failure.final, code=failure.code, reason=failure.reason)
+        final, code, reason = failure.final, failure.code, failure.reason
+        return Result(Action.DONE, final, code=code, reason=reason, provider=msg.provider)
     return _CHANGED
 
 
@@ -220,20 +221,21 @@ def _fail_over(
     due now, when waiting ``delay`` s for its own would take too long (the failover rule:
     ``delivery.guards.failover``); None: it stays. A failed probe's attempt is given back."""
     now = db_now(conn)
-    state = service.breaker_state
-    to = failover.target(service.settings, msg, now + dt.timedelta(seconds=delay), state)
+    # the breaker opened on this call: an outage, like a refusal (None); else the wait
+    next_try = None if breaker.retry_at is not None else now + dt.timedelta(seconds=delay)
+    to = failover.target(service.settings, msg, next_try, service.breaker_state)
     if to is None:
         return None
     text = f"failed over from {msg.provider!r} to {to!r}: {failure.reason}"
     if not fail_over(conn, msg, to, (reason, text), now, spent=not breaker.probe_failed):
         return _CHANGED
-    return failed_over(text)
+    return failed_over(to, text)
 
 
-def failed_over(text: str) -> Result:
-    """What the task does once its message failed over: nothing; the relay publishes it again,
-    due now, for its new provider."""
-    return Result(Action.PARKED, Status.PENDING, 0.0, FAILOVER, text)
+def failed_over(to: str, text: str) -> Result:
+    """What the task does once its message failed over to ``to``: nothing; the relay
+    publishes it again, due now, for its new provider."""
+    return Result(Action.PARKED, Status.PENDING, 0.0, FAILOVER, text, to)
 
 
 def probe_wait(service: Service, retry_at: float | None) -> float:

@@ -41,6 +41,8 @@ class Result:
     delay: float | None = None
     code: str | None = None
     reason: str | None = None
+    provider: str | None = None
+    """The provider that sent it, it ended at, or it failed over to (for Flower's result)."""
 
 
 @dataclass(frozen=True, slots=True)

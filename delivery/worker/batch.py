@@ -6,11 +6,12 @@ recipient or a body: G6); a message alone still goes as ``delivery.deliver``.
 Flower builds its task list from task events, so the batch's worker sends, for every message,
 the events its own ``delivery.deliver`` task would have sent, with the message's key as the
 task id and ``delivery.deliver`` as its name: ``task-received`` and ``task-started`` before the
-sends, then ``task-succeeded`` (``sent``, or ``skipped: ...``), ``task-dead-lettered`` and
-``task-failed`` (``DeadLettered`` naming the code), ``task-parked``, or ``task-retried`` with
-its countdown. They are buffered and published together (two ``task.multi`` messages per
-batch, from the process's events thread, in order: the batch never waits for them), and only
-when the worker sends task events (``worker_send_task_events``). A
+sends, then ``task-succeeded`` (``sent via PROVIDER``, or ``skipped: ...``),
+``task-dead-lettered`` and ``task-failed`` (``DeadLettered`` naming the code), ``task-parked``,
+or ``task-retried`` with its countdown, the results a single task would have
+(``delivery.worker.deliver``). They are buffered and published together (two ``task.multi``
+messages per batch, from the process's events thread, in order: the batch never waits for
+them), and only when the worker sends task events (``worker_send_task_events``). A
 message the batch must retry shortly (rate limit, a countdown of at most ``max_countdown``)
 is republished as its own ``delivery.deliver`` task with that countdown and the key as task
 id, exactly like a single task's retry; the batch task itself never retries.
@@ -34,7 +35,14 @@ from celery.utils.time import utcoffset
 from delivery.sending.sender import deliver_many
 from delivery.transitions import Action, Result
 from delivery.worker.app import app, service
-from delivery.worker.deliver import _NOT_DELIVERED, BATCH, dead_lettered, deliver, parked_text
+from delivery.worker.deliver import (
+    _NOT_DELIVERED,
+    BATCH,
+    dead_lettered,
+    deliver,
+    outcome_text,
+    parked_text,
+)
 
 __all__ = ["deliver_batch"]
 
@@ -183,7 +191,7 @@ def deliver_batch(self: Task, pairs: Sequence[Sequence[Any]]) -> str:
         what = _report(self, events, (message_id, key), result, seen.get(message_id, 0))
         counts[what] = counts.get(what, 0) + 1
         if what == "sent":
-            events.add("task-succeeded", key, result="sent", runtime=runtime)
+            events.add("task-succeeded", key, result=outcome_text(result), runtime=runtime)
     events.flush()
     return ", ".join(f"{n} {what}" for what, n in sorted(counts.items()))
 
@@ -208,7 +216,7 @@ def _report(
         events.add("task-parked", key, result=parked_text(result))
         return "parked"
     if result.action is Action.DONE and result.status in _NOT_DELIVERED:
-        events.add("task-dead-lettered", key, result=f"{result.status}: {result.code}")
+        events.add("task-dead-lettered", key, result=outcome_text(result))
         error = dead_lettered(result, message_id, key)
         events.add("task-failed", key, exception=repr(error), traceback="")
         return str(result.status)

@@ -2,14 +2,15 @@
 
 What each outcome looks like in Flower (events; the outbox row stays the record):
 
-- ``SUCCESS``, result ``sent``: the provider accepted it.
+- ``SUCCESS``, result ``sent via PROVIDER``: that provider accepted it.
 - ``RETRY`` with an ETA: a short retry (Celery countdown, at most ``max_countdown``).
 - ``PARKED`` (a custom state, sent as a ``task-parked`` event), result ``parked: CODE until
   TIME ...``: back in the outbox as ``pending`` (open breaker, long backoff, Retry-After); the
-  relay publishes it again when due, under the same task id.
+  relay publishes it again when due, under the same task id. ``failed over to PROVIDER ...``:
+  pending again, due now, for the next provider of its route.
 - ``FAILURE`` with ``DeadLettered``: it ended ``dead``, ``unknown`` or ``expired``; its result
-  field (set by a ``task-dead-lettered`` event) names the status and error code, so Flower's
-  search finds ``21211`` or ``result:dead``.
+  field (set by a ``task-dead-lettered`` event) names the status, error code and provider
+  (``dead: 21211 via twilio``), so Flower's search finds ``21211`` or ``result:dead``.
 - ``SUCCESS``, result ``skipped: ...``: a duplicate or late task that had nothing to do.
 
 ``retries`` counts the provider attempts the message had before this task ran, across
@@ -26,13 +27,15 @@ from pathlib import Path
 from celery import Task
 from celery.exceptions import Ignore
 
+from delivery.core.status import Status
 from delivery.errors import ConfigError
 from delivery.runtime.current import get_settings
 from delivery.sending.sender import Action, Result
 from delivery.sending.sender import deliver as deliver_once
+from delivery.transitions.failover import FAILOVER
 from delivery.worker.app import app, service
 
-__all__ = ["BATCH", "DeadLettered", "announce", "deliver"]
+__all__ = ["BATCH", "DeadLettered", "announce", "deliver", "outcome_text", "parked_text"]
 
 
 class DeadLettered(Exception):
@@ -54,12 +57,27 @@ _NOT_DELIVERED = {
 
 
 def parked_text(result: Result) -> str:
-    """The ``task-parked`` event's result for a message parked until ``result.delay`` s from now."""
+    """The ``task-parked`` event's result for a message parked until ``result.delay`` s from
+    now, or moved to the next provider of its route (``FAILOVER``)."""
+    if result.code == FAILOVER:
+        return (
+            f"failed over to {result.provider}; back in the outbox as pending, due now; the "
+            "relay publishes it again for that provider"
+        )
     due = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=result.delay or 0.0)
     return (
         f"parked: {result.code} until {due.isoformat(timespec='seconds')}; back in the "
         "outbox as pending, no attempt spent; the relay publishes it again then"
     )
+
+
+def outcome_text(result: Result) -> str:
+    """A final result as Flower shows it: ``sent via PROVIDER``, ``dead: CODE via PROVIDER``
+    (the provider it went through or ended at; the code alone when there is none)."""
+    via = f" via {result.provider}" if result.provider else ""
+    if result.status == Status.SENT:
+        return f"sent{via}"
+    return f"{result.status}: {result.code}{via}" if result.code else f"{result.status}{via}"
 
 
 def dead_lettered(result: Result, message_id: int, key: str) -> DeadLettered:
@@ -94,11 +112,11 @@ def deliver(self: Task, message_id: int, key: str) -> str:
         announce(self, "parked", parked_text(result))
         raise Ignore()  # acknowledged; no success event, so Flower keeps PARKED
     if result.action is Action.DONE and result.status in _NOT_DELIVERED:
-        announce(self, "dead-lettered", f"{result.status}: {result.code}")
+        announce(self, "dead-lettered", outcome_text(result))
         raise dead_lettered(result, message_id, key)
     if result.action is Action.SKIP:
         return f"skipped: {result.reason}"
-    return result.status or result.action.value
+    return outcome_text(result) if result.status else result.action.value
 
 
 # Read the settings now, at start-up: a half-configured process (a database URL but no broker,

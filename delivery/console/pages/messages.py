@@ -97,14 +97,19 @@ def search_page() -> str:
 def _message_page(message: Message, revealed: dict[str, object] | None = None) -> str:
     session = db()
     _, attempts = ops.show(session, message.key)
+    data = revealed or ops.message_dict(message)
     return render_template(
         "message.html",
         m=message,
-        data=revealed or ops.message_dict(message),
+        data=data,
         revealed=revealed is not None,
         events=ops.timeline(session, message, attempts),
         # Stored attempt text is masked as ``ops.show`` and the CLI mask it (older rows too).
         errors={a.id: ops.attempt_dict(a, recipient=message.recipient)["error"] for a in attempts},
+        providers={a.id: ops.attempt_provider(a, message) for a in attempts},
+        route=ops.route(message, attempts),
+        # Why it last failed over: the stored reason, masked as the fields show it.
+        moved=data["last_error"],
         actions=[(a, ACTIONS[a]) for a in _APPLIES.get(message.status, [])],
     )
 

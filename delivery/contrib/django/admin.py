@@ -149,7 +149,7 @@ class _ReadOnly:
 
 
 class AttemptInline(_ReadOnly, _AttemptInline):
-    """The attempt log, oldest first, read-only."""
+    """The attempt log, oldest first, read-only, each with the provider it called."""
 
     model = Attempt
     extra = 0
@@ -157,6 +157,7 @@ class AttemptInline(_ReadOnly, _AttemptInline):
     fields = (
         "number",
         "kind",
+        "called",
         "started_at",
         "outcome",
         "http_status",
@@ -165,6 +166,14 @@ class AttemptInline(_ReadOnly, _AttemptInline):
         "latency_ms",
     )
     readonly_fields = fields
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Attempt]:
+        return super().get_queryset(request).select_related("message")  # for ``called``
+
+    @admin.display(description="provider")
+    def called(self, attempt: Attempt) -> str:
+        """The provider it called (a row written before failover: its message's)."""
+        return attempt.provider or attempt.message.provider
 
 
 class ReceiptInline(_ReadOnly, _ReceiptInline):
@@ -200,6 +209,7 @@ class MessageAdmin(_ReadOnly, _ModelAdmin):
         "key",
         "channel",
         "provider",
+        "route",
         "masked_recipient",
         "payload_size",
         "status",
@@ -207,6 +217,7 @@ class MessageAdmin(_ReadOnly, _ModelAdmin):
         "max_attempts",
         "on_unknown",
         "needs_lookup",
+        "pinned",
         "next_attempt_at",
         "lease_expires_at",
         "last_error_code",
@@ -225,6 +236,14 @@ class MessageAdmin(_ReadOnly, _ModelAdmin):
     @admin.display(description="payload")
     def payload_size(self, message: Message) -> str:
         return f"<hidden: {len(canonical_json(message.payload).encode())} bytes>"
+
+    @admin.display(description="route")
+    def route(self, message: Message) -> str:
+        """The providers its attempts went through, in order, then the one it is on now
+        (``delivery.ops.route_of``): ``primary -> backup`` once it failed over."""
+        attempts = Attempt.objects.filter(message_id=message.id).order_by("id")
+        called = attempts.values_list("provider", flat=True)
+        return " -> ".join(ops.route_of(message.provider, called))
 
     @admin.display(description="tries")
     def tries(self, message: Message) -> str:

@@ -33,6 +33,11 @@ Fault knobs (all off by default; ``PUT /_stub/faults`` merges a partial dict, to
   the stored answer). Setting ``rules`` replaces the whole map.
 * ``dedupe`` (default true): when false every POST is a new effect, but keys are still
   remembered for lookup.
+* ``down`` (default false): a provider that is down. Every request to ``/v1/messages`` gets
+  the ``error_status`` answer (as ``error_rate`` gives it), before anything else: a POST
+  whose key and body would replay a stored answer too, and a lookup. No effect is recorded
+  and nothing is stored; what the stub holds (effects, stored answers) is kept for when it
+  comes back up, and the control API still answers.
 
 Delivery receipts (off by default), as a provider calls back a StatusCallback URL: for each
 effect (a ``drop``ped answer's too; never a replay) a daemon thread POSTs the message's

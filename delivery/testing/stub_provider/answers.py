@@ -54,6 +54,7 @@ DEFAULT_FAULTS: dict[str, Any] = {
     "fail_first": 0,
     "rules": {},
     "dedupe": True,
+    "down": False,
     "seed": None,
 }
 
@@ -177,7 +178,7 @@ def validate_faults(updates: Mapping[str, Any]) -> dict[str, Any]:
         elif field == "error_status":
             if not is_int(value) or not 400 <= value <= 599:
                 raise ValueError(f"{field}: must be an integer 400..599")
-        elif field in ("error_html", "dedupe"):
+        elif field in ("error_html", "dedupe", "down"):
             if not isinstance(value, bool):
                 raise ValueError(f"{field}: must be a boolean")
         elif field == "retry_after":

@@ -165,6 +165,8 @@ class Handler(BaseHTTPRequestHandler):
             return error(400, "INVALID_REQUEST", "idempotency_key query parameter is required")
         state = self._srv.state
         with state.lock:
+            if state.faults["down"]:
+                return provider_error(state.faults)
             body = state.lookup.get(keys[0])
         return error(404, "NOT_FOUND") if body is None else Answer(200, body, JSON)
 
@@ -187,6 +189,9 @@ class Handler(BaseHTTPRequestHandler):
 
     def _answer(self, state: State, key: str, to: object, raw: bytes | None) -> tuple[Answer, str]:
         """The answer to one POST and what it was (``Logged.outcome``)."""
+        with state.lock:
+            if state.faults["down"]:
+                return provider_error(state.faults), "error"
         if not isinstance(to, str) or not to:
             problem = "body must be a JSON object with 'to'" if raw is not None else None
             return error(400, "INVALID_REQUEST", problem or "unreadable request body"), "rejected"
