@@ -19,7 +19,6 @@ import os
 import platform
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,6 +31,8 @@ from typing import Any
 
 from sqlalchemy import BigInteger, Integer, Text
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from delivery.testing.processes import free_port
 
 if "delivery.worker.deliver" in sys.modules:  # it read the settings already: they would not be ours
     raise RuntimeError("import bench.common before tasks (tasks reads DELIVERY_* at import)")
@@ -52,12 +53,6 @@ REDIS_URL = f"{REDIS_SERVER}/{15 - 2 * (SLOT % 8)}"
 RUN_DIR = Path(tempfile.mkdtemp(prefix="delivery-bench-"))
 if os.environ.get("BENCH_KEEP_LOGS") != "1":
     atexit.register(shutil.rmtree, RUN_DIR, ignore_errors=True)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 STUB_PORT = free_port()

@@ -35,6 +35,7 @@ from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.processes import (
     ServiceProcess,
     beat,
+    free_port,
     start_all,
     stop_all,
     stub_provider,
@@ -72,12 +73,6 @@ CAMPAIGN = 100
 
 class ServiceMissing(RuntimeError):
     """A server the chaos cluster needs cannot be started or reached here."""
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float, every: float = 0.1) -> bool:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -19,6 +18,8 @@ from pathlib import Path
 import pytest
 from sqlalchemy import Engine, create_engine, text
 from sqlalchemy.orm import Session
+
+from delivery.testing.processes import free_port
 
 IN_CI = os.environ.get("CI") == "true"
 # Several suites may run at once on one machine: slot N uses database delivery_test{N} and
@@ -47,12 +48,6 @@ RUN_DIR = Path(tempfile.mkdtemp(prefix="delivery-tests-"))
 # with ignored). Restore a terminal's disposition, which the children then inherit.
 if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 STUB_PORT = free_port()

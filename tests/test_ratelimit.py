@@ -155,7 +155,10 @@ def test_two_workers_together_stay_within_the_rate(rate_limited, stub, monkeypat
     # JITTER s later than its token was taken, so a span holds up to RATE * JITTER more. (Not
     # a mean rate after the first RATE requests: tokens that accrue while the burst is sent
     # belong to the burst, and a slow start moves them into that mean.)
-    jitter = 0.25
+    # 0.25 s was exceeded once by 0.005 in a loaded full run (2026-12-06: 31.25 in a span): a
+    # stall of the stub's or a worker's process bunches arrivals. A limiter 1.3x too fast
+    # still fails by far (about 54 in the span of all 150 requests against 35).
+    jitter = 0.4
     worst = max(
         (j - i + 1) - RATE * (times[j] - times[i])
         for i in range(len(times))

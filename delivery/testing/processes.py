@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import signal
+import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -25,7 +28,41 @@ def _die_with_parent() -> None:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-__all__ = ["ServiceProcess", "beat", "start_all", "stop_all", "stub_provider", "worker"]
+__all__ = [
+    "ServiceProcess",
+    "beat",
+    "free_port",
+    "start_all",
+    "stop_all",
+    "stub_provider",
+    "worker",
+]
+
+#: Where ``free_port`` picks: below Linux's default ephemeral range (32768-60999), from which
+#: every outgoing connection (to PostgreSQL, Redis, a provider) takes its local port.
+_PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+_ports_lock = threading.Lock()
+
+
+def free_port() -> int:
+    """A port on 127.0.0.1 for a service this process is about to start: free when checked,
+    never handed out before by this process, and outside the ephemeral range. A port the
+    system picked (``bind(0)``) is from that range, where any outgoing connection may take
+    it before the service binds it ("Address already in use", a flaky start)."""
+    with _ports_lock:
+        for _ in range(1000):
+            port = random.choice(_PORTS)
+            if port in _handed_out:
+                continue
+            with socket.socket() as probe:
+                try:
+                    probe.bind(("127.0.0.1", port))
+                except OSError:
+                    continue
+            _handed_out.add(port)
+            return port
+    raise RuntimeError(f"no free port in {_PORTS.start}-{_PORTS.stop - 1}")
 
 
 class ServiceProcess:
