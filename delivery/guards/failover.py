@@ -18,7 +18,7 @@
    stays and waits where it is.
 
 The key travels unchanged (each provider dedupes its own); the move itself is
-``delivery.transitions.worker.fail_over``, fenced like every other.
+``delivery.transitions.failover.fail_over``, fenced like every other.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ __all__ = ["REASONS", "BreakerState", "Reason", "redrive_provider", "target"]
 
 Reason = Literal["circuit_open", "rate_limited", "unavailable"]
 #: Why a message failed over (``delivery_failovers_total``'s ``reason``): its provider's
-#: breaker turned it away, its rate limit would make it wait, or its answers (5xx, 429,
-#: refused connections) and their backoff would.
+#: breaker turned it away; its rate limit, or a 429 and its Retry-After, would make it wait;
+#: or its answers that created nothing (a 503, a refused connection) and their backoff would.
 REASONS: tuple[Reason, ...] = ("circuit_open", "rate_limited", "unavailable")
 #: A provider's breaker state by name (``CircuitBreaker.status().state``).
 BreakerState = Callable[[str], str]

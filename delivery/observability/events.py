@@ -67,7 +67,7 @@ class Transition:
     #: The message's type (``enqueue(type=...)``), set by the transitions that can end in one
     #: of ``OUTCOME_STATUSES``; None for a message without one.
     message_type: str | None = None
-    #: A failover (``delivery.transitions.worker.fail_over``; ``code``: its reason): the provider
+    #: A failover (``delivery.transitions.failover.fail_over``; ``code``: its reason): the provider
     #: it moved to from ``provider``, and the message's channel.
     to_provider: str | None = None
     channel: str | None = None
