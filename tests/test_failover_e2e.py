@@ -14,10 +14,11 @@ answered 503, also for a key it already holds); the backup is healthy. 500 OTPs 
   reported (printed, and kept as a test property) and is above 0, and the failovers the
   worker counted (``delivery_failovers_total``) are the messages that moved.
 
-Run twice on one rig: with the channel's ``lookup`` policy (a lost answer is looked up at the
-primary), and with ``retry`` (no lookup: a message with an unknown attempt at the primary is
-pinned there and must never reach the backup). Both runs check that messages pinned at the
-primary were still waiting when it went down, or the outage would prove nothing about them.
+One run through one outage carries two kinds side by side, 500 each: OTPs under the channel's
+``lookup`` policy (a lost answer is looked up at the primary), and OTPs under ``retry`` (no
+lookup: a message with an unknown attempt at the primary is pinned there and must never reach
+the backup). Each test checks its kind; both check that messages pinned at the primary were
+still waiting when it went down, or the outage would prove nothing about them.
 
 The rig has its own database and broker (this slot's shared-state Redis db), as
 ``test_receipts_e2e`` does, so that no other worker of the suite takes its messages.
@@ -203,9 +204,12 @@ class Route:
         return not pinned
 
 
+#: The kinds that travel side by side through the one outage, by key prefix.
+KINDS = {"fo-lookup": "otp", "fo-retry": "otp_retry"}
+
+
 @dataclass
 class Run:
-    prefix: str
     down_at: float  # epoch seconds, this process's clock
     up_at: float
     pinned_at_down: set[str]  # waiting at the primary with an unknown attempt when it went down
@@ -239,7 +243,7 @@ def fresh(rig: Rig) -> None:
         breakers.close()
 
 
-def waiting_pinned(engine: Engine, prefix: str) -> set[str]:
+def waiting_pinned(engine: Engine, prefix: str = "fo") -> set[str]:
     """Keys not yet sent that have an unknown attempt at the primary: pinned there."""
     with engine.connect() as conn:
         return set(
@@ -255,10 +259,11 @@ def waiting_pinned(engine: Engine, prefix: str) -> set[str]:
         )
 
 
-def run_through_outage(rig: Rig, kind: str, prefix: str) -> Run:
-    """Commit MESSAGES messages of type ``kind`` at a steady pace over HEALTHY + OUTAGE +
+def run_through_outage(rig: Rig) -> Run:
+    """Commit MESSAGES messages of each of ``KINDS`` at a steady pace over HEALTHY + OUTAGE +
     AFTER seconds while the primary loses 30% of its answers, down for OUTAGE seconds from
-    HEALTHY on (once a few messages wait pinned to it); wait until all are final."""
+    HEALTHY on (once a few messages of each kind wait pinned to it); wait until all are
+    final."""
     fresh(rig)
     before = failover_counts(rig)
     rig.primary.set_faults(drop_rate=0.3, seed=27)
@@ -273,10 +278,11 @@ def run_through_outage(rig: Rig, kind: str, prefix: str) -> Run:
         now = time.monotonic()
         if down is None and now - start >= HEALTHY:
             # Wait (up to 10 s more) for messages pinned at the primary to go down with it.
-            if len(waiting_pinned(rig.engine, prefix)) >= 3 or now - start >= HEALTHY + 10:
+            each = [len(waiting_pinned(rig.engine, prefix)) for prefix in KINDS]
+            if min(each) >= 3 or now - start >= HEALTHY + 10:
                 rig.primary.set_faults(down=True)
                 down, down_at = time.monotonic(), time.time()
-                pinned = waiting_pinned(rig.engine, prefix)
+                pinned = waiting_pinned(rig.engine)
         elif down is not None and not up_at and now - down >= OUTAGE:
             rig.primary.set_faults(down=False)
             up_at = time.time()
@@ -286,23 +292,39 @@ def run_through_outage(rig: Rig, kind: str, prefix: str) -> Run:
         if pause > 0:
             time.sleep(pause)
         outage_step()
-        with Session(rig.engine) as session, session.begin():
-            delivery.enqueue(
-                session,
-                type=kind,
-                to=f"+1201555{i:04d}",
-                payload={"body": f"Your code is {i:06d}"},
-                key=f"{prefix}-{i}",
-                settings=rig.settings,
-            )
+        for prefix, kind in KINDS.items():
+            with Session(rig.engine) as session, session.begin():
+                delivery.enqueue(
+                    session,
+                    type=kind,
+                    to=f"+1201555{i:04d}",
+                    payload={"body": f"Your code is {i:06d}"},
+                    key=f"{prefix}-{i}",
+                    settings=rig.settings,
+                )
     while not up_at:
         time.sleep(0.05)
         outage_step()
-    counts = drained(rig.engine, MESSAGES, timeout=180)
-    assert counts == {"sent": MESSAGES}, counts
+    total = MESSAGES * len(KINDS)
+    counts = drained(rig.engine, total, timeout=180)
+    assert counts == {"sent": total}, counts
     failovers = failover_counts(rig)
     failovers.subtract(before)
-    return Run(prefix, down_at, up_at, pinned, +failovers)
+    return Run(down_at, up_at, pinned, +failovers)
+
+
+@pytest.fixture(scope="module")
+def outage(rig: Rig) -> Iterator[Run]:
+    """The one run through the outage both tests check (each its kind's messages)."""
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(outbox, "_nudge", None)  # it would publish to the suite's broker
+        run = run_through_outage(rig)
+    # Every move was counted, once, with its reason (the metric has no kind: both at once).
+    moved = sum(len(effects(rig.backup, prefix)) for prefix in KINDS)
+    reasons = {("sms", "primary", "backup", reason) for reason in REASONS}
+    assert set(run.failovers) <= reasons, run.failovers
+    assert sum(run.failovers.values()) == moved, (dict(run.failovers), moved)
+    yield run
 
 
 def routes(engine: Engine, prefix: str) -> dict[str, Route]:
@@ -331,14 +353,15 @@ def effects(stub: StubClient, prefix: str) -> dict[str, int]:
     return {key: n for key, n in stub.effects().items() if key.startswith(f"{prefix}-")}
 
 
-def check(rig: Rig, run: Run, label: str, record: Any) -> dict[str, Route]:
-    """What both runs must show (the module docstring); reports the figures. Returns the
-    routes for the run's own checks."""
-    got = routes(rig.engine, run.prefix)
-    keys = {f"{run.prefix}-{i}" for i in range(MESSAGES)}
+def check(rig: Rig, run: Run, prefix: str, record: Any) -> dict[str, Route]:
+    """What both kinds must show (the module docstring); reports the figures. Returns the
+    routes of ``prefix``'s messages for the test's own checks."""
+    label = prefix.removeprefix("fo-")
+    got = routes(rig.engine, prefix)
+    keys = {f"{prefix}-{i}" for i in range(MESSAGES)}
     assert got.keys() == keys
     assert {r.status for r in got.values()} == {"sent"}
-    at = {name: effects(rig.stub(name), run.prefix) for name in PROVIDERS}
+    at = {name: effects(rig.stub(name), prefix) for name in PROVIDERS}
     both = sorted(at["primary"].keys() & at["backup"].keys())
     assert both == [], f"{len(both)} keys took effect at both providers: {both[:20]}"
     assert at["primary"].keys() | at["backup"].keys() == keys
@@ -356,15 +379,10 @@ def check(rig: Rig, run: Run, label: str, record: Any) -> dict[str, Route]:
     assert unsafe == {}, (
         f"moved after an attempt at the primary that may have taken effect: {unsafe}"
     )
-    stayed = sorted(run.pinned_at_down - at["primary"].keys())
+    pinned = {k for k in run.pinned_at_down if k in keys}
+    stayed = sorted(pinned - at["primary"].keys())
     assert stayed == [], f"pinned to the primary when it went down, not sent there: {stayed}"
-    assert run.pinned_at_down, "no message was pinned to the primary when it went down"
-
-    # Every move was counted, once, with its reason.
-    assert set(run.failovers) <= {("sms", "primary", "backup", reason) for reason in REASONS}, (
-        run.failovers
-    )
-    assert sum(run.failovers.values()) == len(moved), (dict(run.failovers), len(moved))
+    assert pinned, "no message was pinned to the primary when it went down"
 
     during = [r for r in got.values() if run.down_at <= r.created < run.up_at]
     share = sum(r.provider == "backup" for r in during) / max(len(during), 1)
@@ -381,12 +399,12 @@ def check(rig: Rig, run: Run, label: str, record: Any) -> dict[str, Route]:
         "sent_primary": len(at["primary"]),
         "sent_backup": len(at["backup"]),
         "moved_after_attempts_at_primary": started_at_primary,
-        "pinned_when_down": len(run.pinned_at_down),
+        "pinned_when_down": len(pinned),
         "pinned_then_answered_503": sum(r.pinned_then_refused() for r in got.values()),
         "unknown_at_primary": sum(
             any(a.outcome == "unknown" for a in r.at("primary")) for r in got.values()
         ),
-        "failovers": {reason: n for (_, _, _, reason), n in sorted(run.failovers.items())},
+        "failovers_both_kinds": {r: n for (_, _, _, r), n in sorted(run.failovers.items())},
         "outage_s": round(run.up_at - run.down_at, 1),
     }
     record(f"failover_{label}", figures)
@@ -396,16 +414,14 @@ def check(rig: Rig, run: Run, label: str, record: Any) -> dict[str, Route]:
 
 
 def test_failover_with_lookup_never_sends_a_key_through_both_providers(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch, record_property: Any
+    rig: Rig, outage: Run, record_property: Any
 ) -> None:
     """The sms channel's ``lookup`` policy: a lost answer is looked up at the primary (where
     it took effect: found), also when the primary is down (the lookup fails, and the message
     waits for it). 500 OTPs across a 20 s outage: all sent, no key at both providers, moves
     only of messages that created nothing at the primary, some through the backup during
     the outage."""
-    monkeypatch.setattr(outbox, "_nudge", None)  # it would publish to the suite's broker
-    run = run_through_outage(rig, "otp", "fo-lookup")
-    got = check(rig, run, "lookup", record_property)
+    got = check(rig, outage, "fo-lookup", record_property)
     lost = [k for k, r in got.items() if any(a.outcome == "unknown" for a in r.at("primary"))]
     assert lost, "no answer was lost at the primary: the run proves nothing about them"
     found = [k for k in lost if any(a.kind == "lookup" for a in got[k].at("primary"))]
@@ -414,15 +430,13 @@ def test_failover_with_lookup_never_sends_a_key_through_both_providers(
 
 
 def test_failover_without_lookup_never_moves_a_message_with_an_unknown_attempt(
-    rig: Rig, monkeypatch: pytest.MonkeyPatch, record_property: Any
+    rig: Rig, outage: Run, record_property: Any
 ) -> None:
     """``on_unknown = "retry"`` (no lookup): a message whose answer was lost at the primary is
     pinned there. It is sent again there with the same key, also through the outage (503s
     created nothing, but its first attempt may have), and is never sent through the backup."""
-    monkeypatch.setattr(outbox, "_nudge", None)
-    run = run_through_outage(rig, "otp_retry", "fo-retry")
-    got = check(rig, run, "retry", record_property)
-    backup = effects(rig.backup, run.prefix)
+    got = check(rig, outage, "fo-retry", record_property)
+    backup = effects(rig.backup, "fo-retry")
     lost = {k: r for k, r in got.items() if any(a.outcome == "unknown" for a in r.at("primary"))}
     assert lost, "no answer was lost at the primary: the run proves nothing about them"
     escaped = sorted(k for k, r in lost.items() if r.at("backup") or k in backup)
