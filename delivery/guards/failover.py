@@ -30,13 +30,12 @@ from typing import Any, Literal
 
 from delivery.config.settings import Settings
 
-__all__ = ["REASONS", "BreakerState", "Reason", "redrive_provider", "target"]
+__all__ = ["BreakerState", "Reason", "redrive_provider", "target"]
 
-Reason = Literal["circuit_open", "rate_limited", "unavailable"]
 #: Why a message failed over (``delivery_failovers_total``'s ``reason``): its provider's
 #: breaker turned it away; its rate limit, or a 429 and its Retry-After, would make it wait;
 #: or its answers that created nothing (a 503, a refused connection) and their backoff would.
-REASONS: tuple[Reason, ...] = ("circuit_open", "rate_limited", "unavailable")
+Reason = Literal["circuit_open", "rate_limited", "unavailable"]
 #: A provider's breaker state by name (``CircuitBreaker.status().state``).
 BreakerState = Callable[[str], str]
 

@@ -23,7 +23,6 @@ from dataclasses import dataclass
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from delivery.config.settings import Settings
 from delivery.core.models import Message
 from delivery.core.status import Status
 from delivery.guards.breaker import Breakers
@@ -147,17 +146,17 @@ class _BreakerStates:
     """The breakers of this process's settings, read once per provider for one redrive."""
 
     def __init__(self) -> None:
+        self._settings = get_settings()
         self._breakers: Breakers | None = None
         self._states: dict[str, str] = {}
 
     def provider_for(self, message: Message) -> str | None:
-        settings = get_settings()
-        return redrive_provider(settings, message, lambda name: self._state(settings, name))
+        return redrive_provider(self._settings, message, self._state)
 
-    def _state(self, settings: Settings, name: str) -> str:
+    def _state(self, name: str) -> str:
         if name not in self._states:
             if self._breakers is None:
-                self._breakers = Breakers(settings)
+                self._breakers = Breakers(self._settings)
             self._states[name] = self._breakers.get(name).status().state
         return self._states[name]
 

@@ -8,11 +8,10 @@ and the take) and ``call``, each step only once the previous one let the message
 1. ``check``: its provider must still be configured (else ``dead``,
    ``PROVIDER_NOT_CONFIGURED``), it must be due and within its time-to-live (else ``expired``);
 2. ``check``: the provider's rate limit: over it, the row stays ``dispatched`` and the task
-   comes back when a token is there (or, when that wait is too long for it, it fails over:
-   ``delivery.guards.failover``);
+   comes back when a token is there, or fails over if that is too long for it;
 3. ``admit``: the provider's circuit breaker, asked only when the send can start at once:
    refused, the row goes back to ``pending`` until the next probe time, ``CIRCUIT_OPEN``, no
-   attempt spent (or it fails over, due now, to the next provider of its route);
+   attempt spent, or fails over (``delivery.guards.failover``), due now;
 4. ``admit``: the take, ``dispatched`` -> ``sending`` in one fenced UPDATE in autocommit,
    durable *before* a request leaves (G2), with a lease of ``hold_lease`` s that the lease
    keeper renews. The first wave also takes the task's later rows of every provider whose
@@ -29,6 +28,7 @@ Due times and leases are compared and written on the database's clock, read with
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -41,6 +41,7 @@ from delivery.core.policies import UnknownPolicy
 from delivery.core.status import Status
 from delivery.guards import failover
 from delivery.guards.breaker import Permit, Verdict
+from delivery.guards.failover import BreakerState
 from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
@@ -188,11 +189,12 @@ def admit(
     for entry in wave:
         by_provider.setdefault(entry_row(entry).provider, []).append(entry)
     now = clock.now()
+    state = functools.cache(service.breaker_state)  # a failover target's, once per admit
     for provider, mine in by_provider.items():
         breaker = service.breaker(provider)
         for entry, permit in zip(mine, breaker.allow_many(len(mine)), strict=True):
             if not permit.allowed:
-                results[entry_id(entry)] = _circuit_open(service, entry, permit, now)
+                results[entry_id(entry)] = _circuit_open(service, entry, permit, now, state)
             elif isinstance(entry, Taken) and time.monotonic() > entry.start_by:
                 breaker.release(permit)
                 late.append(entry)
@@ -345,18 +347,20 @@ def _rate_limited(service: Service, row: Row[Any], wait: float, now: dt.datetime
     )
 
 
-def _circuit_open(service: Service, entry: Entry, permit: Permit, now: dt.datetime) -> Result:
+def _circuit_open(
+    service: Service, entry: Entry, permit: Permit, now: dt.datetime, state: BreakerState
+) -> Result:
     """Park a row the breaker refused as ``pending`` until the breaker's next probe (plus
-    jitter), without spending an attempt: a ``dispatched`` row leaves, one taken ahead is
-    given back. Or it fails over, when that wait is too long for it."""
+    jitter), without spending an attempt (a row taken ahead is given back); or it fails over
+    (``state``: the breakers of its route, read once per ``admit``)."""
     row = entry_row(entry)
     wait = probe_wait(service, permit.retry_at)
     due = now + dt.timedelta(seconds=wait)
-    state = f"circuit breaker of provider {row.provider!r} is {permit.state}"
-    moved = _fail_over(service, entry, "circuit_open", state, wait=None, now=now)
+    refused = f"circuit breaker of provider {row.provider!r} is {permit.state}"
+    moved = _fail_over(service, entry, "circuit_open", refused, wait=None, now=now, state=state)
     if moved is not None:
         return moved
-    reason = f"{state}; next try at {due.isoformat(timespec='seconds')}"
+    reason = f"{refused}; next try at {due.isoformat(timespec='seconds')}"
     why = Leave(Status.PENDING, "circuit_open", CIRCUIT_OPEN, reason, round(wait, 3))
     parked = Result(Action.PARKED, Status.PENDING, wait, CIRCUIT_OPEN, reason)
     return _not_sent(service, entry, why, parked, due)
@@ -370,14 +374,13 @@ def _fail_over(
     *,
     wait: float | None,
     now: dt.datetime,
+    state: BreakerState | None = None,
 ) -> Result | None:
-    """``entry``, not called for (its provider's breaker refuses it: ``wait`` None; or its
-    rate limit would make it wait ``wait`` s), moves to the next provider of its route, due
-    now, if the failover rule lets it (``delivery.guards.failover``); None: it stays. A row
-    taken ahead gives its attempt back."""
-    row = entry_row(entry)
-    next_try = None if wait is None else now + dt.timedelta(seconds=wait)
-    to = failover.target(service.settings, row, next_try, service.breaker_state)
+    """``entry``, not called for (its breaker refuses it: ``wait`` None; or its rate limit
+    would make it wait ``wait`` s), moves to the next provider of its route, due now, if the
+    failover rule lets it (``delivery.guards.failover``; taken ahead: attempt given back)."""
+    row, next_try = entry_row(entry), None if wait is None else now + dt.timedelta(seconds=wait)
+    to = failover.target(service.settings, row, next_try, state or service.breaker_state)
     if to is None:
         return None
     text = f"failed over from {row.provider!r} to {to!r}: {why}"

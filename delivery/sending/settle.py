@@ -194,17 +194,18 @@ def _retry_or_stop(
     delay = compute_backoff(msg.attempt, msg.backoff, failure.retry_after, service.rng)
     if breaker.retry_at is not None:  # the breaker is open: sooner it would only be parked
         delay = max(delay, probe_wait(service, breaker.retry_at))
+    now = db_now(conn)
     if not failure.pins:  # it created nothing: may the message move on instead of waiting?
         if breaker.retry_at is not None:
             why = "circuit_open"
-        moved = _fail_over(service, conn, msg, failure, why, breaker=breaker, delay=delay)
+        moved = _fail_over(service, conn, msg, failure, why, breaker=breaker, at=(now, delay))
         if moved is not None:
             return moved
     if breaker.probe_failed:
         given_back = f"circuit breaker probe, attempt given back: {failure.reason}"
         failure = replace(failure, reason=given_back)
-        return _park(service, conn, msg, delay, failure, max_attempts=msg.max_attempts + 1)
-    return _park(service, conn, msg, delay, failure)
+        return _park(service, conn, msg, (now, delay), failure, max_attempts=msg.max_attempts + 1)
+    return _park(service, conn, msg, (now, delay), failure)
 
 
 def _fail_over(
@@ -215,12 +216,13 @@ def _fail_over(
     reason: failover.Reason,
     *,
     breaker: Recorded,
-    delay: float,
+    at: tuple[dt.datetime, float],
 ) -> Result | None:
     """After a call that created nothing, the message moves to the next provider of its route,
-    due now, when waiting ``delay`` s for its own would take too long (the failover rule:
-    ``delivery.guards.failover``); None: it stays. A failed probe's attempt is given back."""
-    now = db_now(conn)
+    due now, when waiting ``delay`` s (``at``: the database's time now, and the delay) for
+    its own would take too long (the failover rule: ``delivery.guards.failover``); None: it
+    stays. A failed probe's attempt is given back."""
+    now, delay = at
     # the breaker opened on this call: an outage, like a refusal (None); else the wait
     next_try = None if breaker.retry_at is not None else now + dt.timedelta(seconds=delay)
     to = failover.target(service.settings, msg, next_try, service.breaker_state)
@@ -255,18 +257,21 @@ def _wait_in_progress(
     if wait is None:
         wait = compute_backoff(msg.attempt, msg.backoff, None, service.rng)
     failure = Failure(outcome.code, outcome.reason, "in_progress", Status.DEAD, wait)
-    return _park(service, conn, msg, wait, failure, max_attempts=msg.max_attempts + 1)
+    when = (db_now(conn), wait)
+    return _park(service, conn, msg, when, failure, max_attempts=msg.max_attempts + 1)
 
 
 def _park(
     service: Service,
     conn: Connection,
     msg: Sending,
-    delay: float,
+    at: tuple[dt.datetime, float],
     failure: Failure,
     **values: object,
 ) -> Result:
-    status = park(conn, msg, delay, service.settings, failure, now=db_now(conn), **values)
+    """Park ``msg`` ``at`` (the database's time now, and the delay from it) for ``failure``."""
+    now, delay = at
+    status = park(conn, msg, delay, service.settings, failure, now=now, **values)
     if status is None:
         return _CHANGED
     action = Action.RETRY if status is Status.DISPATCHED else Action.PARKED
