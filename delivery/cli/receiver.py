@@ -15,6 +15,7 @@ import click
 
 from delivery.cli.common import binding, host_port_options, require_extra
 from delivery.config.loading import load_settings
+from delivery.observability import tracing
 from delivery.runtime.hooks import use_outcome_hooks
 
 if TYPE_CHECKING:
@@ -106,4 +107,5 @@ def serving() -> Receiver:
 
     settings = load_settings(publishes=False)  # needs no broker (nor its password)
     use_outcome_hooks(settings)
+    tracing.configure("delivery-receiver")  # when OTEL_* asks for traces
     return make_receiver(settings)

@@ -119,6 +119,9 @@ class Message(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
     sent_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    #: The W3C ``traceparent`` of the span that called ``enqueue``, when traces are recorded
+    #: (``delivery.observability.tracing``): the message's spans join that trace.
+    traceparent: Mapped[str | None] = mapped_column(String(55), nullable=True)
 
     __table_args__ = (
         # Unique: ``enqueue``'s ON CONFLICT (key). ``varchar_pattern_ops`` (PostgreSQL) has

@@ -30,6 +30,8 @@ from contextvars import ContextVar
 from dataclasses import asdict, dataclass
 from typing import Any, Generic, TypeVar
 
+from delivery.observability import tracing
+
 __all__ = [
     "OUTCOME_STATUSES",
     "Hooks",
@@ -71,6 +73,9 @@ class Transition:
     #: it moved to from ``provider``, and the message's channel.
     to_provider: str | None = None
     channel: str | None = None
+    #: The message's stored W3C trace context (``delivery.observability.tracing``), when the
+    #: row it moved was read with it.
+    traceparent: str | None = None
 
 
 #: The statuses the app is told of (``add_outcome_hook``): how a message ended for its
@@ -209,8 +214,12 @@ def mask(recipient: str) -> str:
 def emit(transition: Transition) -> None:
     if log.isEnabledFor(logging.INFO):
         fields = {k: v for k, v in asdict(transition).items() if v is not None}
+        fields.pop("traceparent", None)
+        if tracing.active():  # the ids of the span this change is an event of
+            fields |= tracing.log_ids(transition.message_id, transition.traceparent)
         log.info(json.dumps({"event": "transition", **fields}, default=str))
     _hooks.call(transition)
+    tracing.on_transition(transition)  # a span event, when traces are recorded
     if transition.to_status in OUTCOME_STATUSES:
         _hold(transition)
 
@@ -223,4 +232,5 @@ def emit_moved(
     ``message_type`` when it has one."""
     moved = (from_status, to_status, row.attempts, outcome, code)
     kind = getattr(row, "message_type", None)
-    emit(Transition(row.id, row.key, row.provider, *moved, message_type=kind))
+    parent = getattr(row, "traceparent", None)
+    emit(Transition(row.id, row.key, row.provider, *moved, message_type=kind, traceparent=parent))

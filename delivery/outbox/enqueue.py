@@ -27,6 +27,7 @@ from delivery.config.settings import Settings
 from delivery.core.models import Message, utcnow
 from delivery.core.status import Status
 from delivery.errors import IdempotencyConflict
+from delivery.observability import tracing
 from delivery.observability.events import emit_moved
 from delivery.outbox.insert import insert_one
 from delivery.outbox.routing import route
@@ -196,7 +197,9 @@ def enqueue(
 
 def claim_of(values: Mapping[str, Any], message_id: int) -> Claim:
     """The relay's ``Claim`` of a row written claimed (``values`` as inserted)."""
-    return Claim(message_id, values["key"], values["priority"], values["provider"], 0)
+    return Claim(
+        message_id, values["key"], values["priority"], values["provider"], 0, values["traceparent"]
+    )
 
 
 def row_values(settings: Settings, spec: Mapping[str, Any]) -> dict[str, Any]:
@@ -233,6 +236,7 @@ def row_values(settings: Settings, spec: Mapping[str, Any]) -> dict[str, Any]:
         "expires_at": due + where.ttl if where.ttl is not None else None,
         "created_at": now,
         "updated_at": now,
+        "traceparent": tracing.traceparent(),  # None unless traces are recorded
     }
 
 

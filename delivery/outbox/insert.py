@@ -54,6 +54,7 @@ COLUMNS = (
     "expires_at",
     "created_at",
     "updated_at",
+    "traceparent",
 )
 #: The columns ``row_values`` leaves out, as a new row has them (so that the returned message
 #: is complete and reading it never loads anything).

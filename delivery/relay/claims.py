@@ -49,6 +49,7 @@ class Claim(NamedTuple):
     priority: str = "normal"  # picks the queue (see the message type), not part of the task
     provider: str = ""  # this and attempts: for the transition log, not part of the task
     attempts: int = 0
+    traceparent: str | None = None  # the message's trace (its publish span's parent or link)
 
 
 #: Publishes claimed rows; what it returns is its own (``delivery.worker.publish.publish``:
@@ -137,7 +138,7 @@ def claim(
     }
     parts = _claim_statement(dialect, ids is not None, priorities is not None, now is not None)
     rows = dispatch(connection, params=params, **parts)
-    return [Claim(r.id, r.key, r.priority, r.provider, r.attempts) for r in rows]
+    return [Claim(r.id, r.key, r.priority, r.provider, r.attempts, r.traceparent) for r in rows]
 
 
 @functools.cache

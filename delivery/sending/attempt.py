@@ -42,6 +42,7 @@ from delivery.core.status import Status
 from delivery.guards import failover
 from delivery.guards.breaker import Permit, Verdict
 from delivery.guards.failover import BreakerState
+from delivery.observability import tracing
 from delivery.providers import calls
 from delivery.providers.base import Envelope
 from delivery.runtime.service import Service
@@ -250,18 +251,19 @@ def call(service: Service, taken: Taken) -> Result | Sent:
     breaker = service.breaker(row.provider)
     provider = service.provider(row.provider)
     envelope = Envelope(row.key, row.channel, row.recipient, dict(row.payload))
-    # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
-    if row.needs_lookup and getattr(provider, "supports_lookup", True):
+    with tracing.calling(row.id, row.provider):  # its attempt span, current
+        # A provider that cannot be asked (pigeon, webhooks) is sent again with the same key.
+        if row.needs_lookup and getattr(provider, "supports_lookup", True):
+            started = time.perf_counter()
+            found = calls.lookup(provider, envelope)
+            if not isinstance(found, Absent):  # absent: the send that follows is recorded
+                breaker.record(permit, breaker_verdict(found))
+            settled = after_lookup(service, msg, found, started)
+            if settled is not None:
+                return settled
+            msg = replace(msg, pinned=False)  # absent: nothing there (``renew`` unpinned it)
         started = time.perf_counter()
-        found = calls.lookup(provider, envelope)
-        if not isinstance(found, Absent):  # absent: the send that follows is recorded instead
-            breaker.record(permit, breaker_verdict(found))
-        settled = after_lookup(service, msg, found, started)
-        if settled is not None:
-            return settled
-        msg = replace(msg, pinned=False)  # absent: nothing there (``renew`` unpinned the row)
-    started = time.perf_counter()
-    outcome = calls.send(provider, envelope)
+        outcome = calls.send(provider, envelope)
     return Sent(msg, outcome, started, breaker.record(permit, breaker_verdict(outcome)))
 
 
@@ -305,8 +307,7 @@ def _not_sent(
 ) -> Result:
     """``entry`` leaves for ``why.to`` without a call (``leave``; ``give_back`` if taken ahead),
     due at ``due`` if given: ``result``, or ``_TAKEN`` if someone else moved it first. Its one
-    statement has committed when it returns (autocommit): a ``suppressed`` or ``dead`` end is
-    told to the app's outcome hooks as the block ends."""
+    statement commits at once: a ``suppressed`` or ``dead`` end is told to the outcome hooks."""
     with tell_outcomes_after(), service.autocommit.connect() as conn:
         if isinstance(entry, Taken):
             assert due is not None, "a row given back is due again"
@@ -391,9 +392,8 @@ def _fail_over(
 
 
 def _too_late(service: Service, taken: Taken, now: dt.datetime) -> Result:
-    """A row taken ahead whose turn came too late for its call to end within its lease (a slow
-    provider held every send slot): given back, due now, instead of racing the sweeper, which
-    hands an expired ``sending`` row to its ``on_unknown`` policy."""
+    """A row taken ahead too late for its call to end within its lease (a slow provider held
+    every send slot): given back, due now, not left to the sweeper's ``on_unknown``."""
     reason = "its call could not start in time to end within its lease; not made"
     why = Leave(Status.PENDING, "send_late", SEND_LATE, reason, 0.0)
     parked = Result(Action.PARKED, Status.PENDING, 0.0, SEND_LATE, reason)

@@ -26,6 +26,7 @@ from sqlalchemy import Row, bindparam, select
 from delivery.core.clock import read_with_clock
 from delivery.core.models import messages_table
 from delivery.core.status import Status
+from delivery.observability import tracing
 from delivery.runtime.service import Service
 from delivery.sending.attempt import (
     Clock,
@@ -64,6 +65,7 @@ _COLUMNS = (
     "expires_at",
     "message_type",
     "created_at",
+    "traceparent",
 )
 
 #: What one attempt reads of its message.
@@ -217,8 +219,9 @@ class _Made:
         for message_id, answer in answers:
             if isinstance(answer, Sent):
                 self.calls.append(answer)
-            else:
+            else:  # settled by its lookup, whose move ended its span (if the fence let it)
                 self.results[message_id] = answer
+                tracing.end_attempts([message_id])
 
     def wait(self, poll: float | None) -> float | None:
         """How long the loop may wait before the oldest call must be settled (``poll`` at most)."""
@@ -234,6 +237,8 @@ class _Made:
     def settle(self) -> None:
         if self.calls:
             self.results |= after_sends(self.service, self.calls)
+            # Each move ended its attempt's span; one the fence refused ends here.
+            tracing.end_attempts(call.msg.id for call in self.calls)
             self.calls = []
 
 

@@ -69,6 +69,7 @@ def fail_over(
             message_type=entry.message_type,
             to_provider=to_provider,
             channel=entry.channel,
+            traceparent=getattr(entry, "traceparent", None),  # a row's; a Sending's span is open
         )
     )
     return True

@@ -61,7 +61,7 @@ def dispatch(
             .where(chosen)
             .where(m.status == Status.PENDING.value)
             .values(status=Status.DISPATCHED.value, updated_at=clock, lease_expires_at=until)
-            .returning(m.id, m.key, m.priority, m.provider, m.attempts)
+            .returning(m.id, m.key, m.priority, m.provider, m.attempts, m.traceparent)
         )
     rows = connection.execute(stmt, params).all()
     for row in rows:

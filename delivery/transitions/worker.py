@@ -33,6 +33,7 @@ from delivery.core.clock import sql_now
 from delivery.core.models import UTCDateTime, attempts_table, messages_table, utcnow
 from delivery.core.outcomes import Delivered, Found
 from delivery.core.status import Status
+from delivery.observability import tracing
 from delivery.observability.events import Transition, emit
 from delivery.transitions.attempts import ATTEMPT_COLUMNS, attempt_row
 from delivery.transitions.fence import move, unnest
@@ -93,6 +94,7 @@ def take(conn: Connection, rows: Sequence[Row[Any]], lease_until: dt.datetime) -
         taken = set(conn.scalars(_take_statement(), params))
     else:
         taken = set()
+    tracing.begin_attempts(row for row in rows if row.id in taken)  # each take's event opens
     for row in rows:
         if row.id in taken:
             moved = (Status.DISPATCHED, Status.SENDING, row.attempts + 1)
@@ -166,6 +168,7 @@ def leave(conn: Connection, row: Row[Any], why: Leave, **values: object) -> bool
             why.code,
             why.delay,
             message_type=getattr(row, "message_type", None),
+            traceparent=getattr(row, "traceparent", None),
         )
     )
     return True

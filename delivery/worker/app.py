@@ -18,10 +18,17 @@ from pathlib import Path
 from typing import Any
 
 from celery import Celery
-from celery.signals import after_setup_logger, beat_init, worker_init, worker_process_init
+from celery.signals import (
+    after_setup_logger,
+    beat_init,
+    worker_init,
+    worker_process_init,
+    worker_process_shutdown,
+)
 from kombu.entity import Queue
 
 from delivery.errors import ConfigError
+from delivery.observability import tracing
 from delivery.providers.secrets import check_secrets
 from delivery.runtime.current import get_settings
 from delivery.runtime.db import check_outbox
@@ -171,6 +178,13 @@ def _check_worker(**_: Any) -> None:
         check_broker()
     except ConfigError as exc:
         _refuse("worker", exc)
+    tracing.configure("delivery-worker")  # when OTEL_* asks for traces; before the pool forks
+
+
+@worker_process_shutdown.connect  # type: ignore[untyped-decorator]
+def _flush_spans(**_: Any) -> None:
+    """A pool process's last spans are exported before it exits."""
+    tracing.flush()
 
 
 @beat_init.connect  # type: ignore[untyped-decorator]
@@ -186,3 +200,4 @@ def _check_beat(**_: Any) -> None:
         check_broker()
     except ConfigError as exc:
         _refuse("beat", exc)
+    tracing.configure("delivery-beat")

@@ -40,6 +40,7 @@ from typing import Any, NamedTuple
 
 from celery import Task
 
+from delivery.observability import tracing
 from delivery.outbox import enqueue as outbox
 from delivery.relay.claims import Claim
 from delivery.runtime.current import get_settings
@@ -81,6 +82,7 @@ class _Send(NamedTuple):
     retries: int
     priority: str
     queue: str | None  # None: a configured route names the task
+    parents: tuple[str | None, ...]  # its messages' traces (``tracing.publishing``)
 
 
 def _plan(chunk: Sequence[Claim]) -> _Send:
@@ -96,7 +98,8 @@ def _plan(chunk: Sequence[Claim]) -> _Send:
     router = app.amqp.router
     routed = bool(router.routes) and router.lookup_route(task.name, args, {}, {}, task) is not None
     queue = None if routed else QUEUES.get(first.priority, QUEUE)
-    return _Send(task, args, task_id, retries, first.priority, queue)
+    parents = tuple(c.traceparent for c in chunk)
+    return _Send(task, args, task_id, retries, first.priority, queue, parents)
 
 
 def publish(claims: Sequence[Claim]) -> dict[str, int]:
@@ -122,18 +125,20 @@ def publish(claims: Sequence[Claim]) -> dict[str, int]:
                     if send.queue in declared:
                         route["declare"] = []
                     declared.add(send.queue)
-                send.task.apply_async(
-                    send.args,
-                    task_id=send.task_id,
-                    producer=producer,
-                    # Flower's "retries": the attempts the message already had, so that a
-                    # message published again does not start counting at 0.
-                    retries=send.retries,
-                    retry=True,
-                    retry_policy=PUBLISH_RETRY,
-                    add_to_parent=False,  # a relay run as a task keeps no list of its tasks
-                    **route,
-                )
+                with tracing.publishing(send.parents, send.queue, send.task_id) as headers:
+                    send.task.apply_async(
+                        send.args,
+                        task_id=send.task_id,
+                        producer=producer,
+                        # Flower's "retries": the attempts the message already had, so that a
+                        # message published again does not start counting at 0.
+                        retries=send.retries,
+                        retry=True,
+                        retry_policy=PUBLISH_RETRY,
+                        add_to_parent=False,  # a relay run as a task keeps no list of its tasks
+                        headers=headers,  # the send span's trace context, when tracing
+                        **route,
+                    )
                 published[send.priority] = published.get(send.priority, 0) + 1
     return published
 

@@ -70,6 +70,9 @@ class Message(models.Model):
     expires_at: models.DateTimeField[dt.datetime | None, dt.datetime | None] = models.DateTimeField(
         null=True
     )
+    traceparent: models.CharField[str | None, str | None] = models.CharField(
+        max_length=55, null=True
+    )
 
     class Meta:
         managed = False
