@@ -2,11 +2,12 @@
 is set up before the pool forks) as real processes, each exporting its spans over OTLP/HTTP
 (``OTEL_EXPORTER_OTLP_ENDPOINT``) to a collector this test serves on 127.0.0.1. The app opens
 a span, enqueues one message in it and commits; the stub provider takes the first request's
-effect and closes the connection unanswered (a lost answer: ``unknown``), and the ``retry`` policy sends
-it again with the same key, which the stub answers from what it stored.
+effect and closes the connection unanswered (a lost answer: ``unknown``), and the ``retry``
+policy sends it again with the same key, which the stub answers from what it stored.
 
-Checked: every span of the message (the app's, the nudge's publish, both attempts and the HTTP
-call beneath none of ours) is in the app span's trace; the attempts are ``deliver sms`` spans
+Checked: every span of the message (the app's, the relay's publish, both attempts and the HTTP
+calls under them, recorded by ``opentelemetry-instrumentation-httpx`` in the worker's
+``sitecustomize``) is in the app span's trace; the attempts are ``deliver sms`` spans
 numbered 1 and 2 with their provider, key, outcome and status-change events; and no attribute,
 event or log line of any process holds the recipient or the payload.
 """
@@ -22,7 +23,6 @@ import textwrap
 import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -82,6 +82,14 @@ provider.shutdown()
 """
 
 
+#: The worker's ``sitecustomize``: httpx instrumented as a user would, unchanged.
+SITECUSTOMIZE = """
+from opentelemetry.instrumentation.httpx import HTTPXClientInstrumentor
+
+HTTPXClientInstrumentor().instrument()
+"""
+
+
 class Collector:
     """An OTLP/HTTP trace endpoint: every span exported to it, as plain dicts."""
 
@@ -92,7 +100,7 @@ class Collector:
         collector = self
 
         class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:  # noqa: N802
+            def do_POST(self) -> None:
                 body = self.rfile.read(int(self.headers["Content-Length"]))
                 if self.headers.get("Content-Encoding") == "gzip":
                     body = gzip.decompress(body)
@@ -160,15 +168,22 @@ def traced(tmp_path_factory: pytest.TempPathFactory, redis_client: Any) -> Itera
     redis_client.flushdb()
     procs = []
     with own_outbox("tracing", run, config) as (engine, env):
+        site = run / "site"
+        site.mkdir()
+        (site / "sitecustomize.py").write_text(SITECUSTOMIZE)
         env |= {
             "OTEL_EXPORTER_OTLP_ENDPOINT": collector.url,
             "OTEL_BSP_SCHEDULE_DELAY": "100",
+        }
+        worker_env = {
+            **env,
+            "PYTHONPATH": os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])),
         }
         try:
             procs = start_all(
                 [
                     stub_provider(run / "stub.log", stub_port),
-                    worker(run / "worker.log", env=env, pool="prefork", concurrency=2),
+                    worker(run / "worker.log", env=worker_env, pool="prefork", concurrency=2),
                     beat(run / "beat.log", run / "beat-schedule", env=env),
                 ]
             )
@@ -185,8 +200,7 @@ def traced(tmp_path_factory: pytest.TempPathFactory, redis_client: Any) -> Itera
                 assert app.returncode == 0, app.stderr
                 with engine.connect() as conn:
                     wait_until(
-                        lambda: conn.scalar(text("SELECT status FROM delivery_messages"))
-                        == "sent",
+                        lambda: conn.scalar(text("SELECT status FROM delivery_messages")) == "sent",
                         timeout=60,
                     )
                 # the worker's last attempt span ends with the move to sent; then it exports
@@ -214,6 +228,9 @@ def test_one_trace_from_the_apps_span_to_both_attempts(traced: Any) -> None:
         assert attributes["delivery.provider"] == "stub"
         assert attributes["messaging.operation.type"] == "process"
         assert attempt["parent_id"] == checkout["span_id"]  # the span that called enqueue
+    # httpx's own span (opentelemetry-instrumentation-httpx, unchanged) is each one's child
+    calls = [s for s in collector.spans if s["name"] == "POST" and s["trace_id"] == trace_id]
+    assert sorted(c["parent_id"] for c in calls) == sorted(a["span_id"] for a in attempts)
     first, second = attempts
     assert first["attributes"]["delivery.outcome"] == "unknown"
     assert second["attributes"]["delivery.outcome"] == "delivered"

@@ -99,10 +99,11 @@ def traceparent() -> str | None:
     """The current span's W3C ``traceparent``, if a span is being recorded (``enqueue``)."""
     if not active():
         return None
-    context = _trace().get_current_span().get_span_context()
-    if not context.is_valid:
-        return None
-    return f"00-{context.trace_id:032x}-{context.span_id:016x}-{int(context.trace_flags):02x}"
+    from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+    carrier: dict[str, str] = {}
+    TraceContextTextMapPropagator().inject(carrier)  # nothing without a valid current span
+    return carrier.get("traceparent")
 
 
 @contextmanager
