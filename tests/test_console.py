@@ -318,6 +318,30 @@ def test_message_page_links_to_flower_when_its_url_is_configured(
     assert 'href="https://flower.example.com/task/order-8%3Areceipt"' in page
 
 
+def test_message_page_shows_its_trace_and_links_it_when_a_trace_url_is_set(
+    db_url: str, session: Session
+) -> None:
+    """A message enqueued in a recorded span shows its trace id; with DELIVERY_TRACE_URL the
+    id links there. A URL without ``{trace_id}``, or not http(s), is refused by name."""
+    users = parse_users({"DELIVERY_CONSOLE_AUTH": f"{OPERATOR[0]}:{OPERATOR[1]}"})
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    add(session, "traced-1", "sent", traceparent=f"00-{trace}-00f067aa0ba902b7-01")
+    add(session, "untraced-1", "sent")
+    environ = {"DELIVERY_TRACE_URL": "https://jaeger.example/trace/{trace_id}"}
+    application = create_app(settings=load_settings(), users=users, environ=environ)
+    page = get(application.test_client(), "/messages/traced-1").get_data(as_text=True)
+    assert f'href="https://jaeger.example/trace/{trace}"' in page
+    plain = create_app(settings=load_settings(), users=users, environ={})
+    page = get(plain.test_client(), "/messages/traced-1").get_data(as_text=True)
+    assert trace in page and "jaeger" not in page
+    page = get(plain.test_client(), "/messages/untraced-1").get_data(as_text=True)
+    assert "· trace" not in page
+    for bad in ("https://jaeger.example/trace/", "javascript:alert(1)//{trace_id}"):
+        with pytest.raises(ConfigError) as refused:
+            create_app(settings=load_settings(), users=users, environ={"DELIVERY_TRACE_URL": bad})
+        assert refused.value.key == "DELIVERY_TRACE_URL"
+
+
 def test_redrive_from_the_message_page_confirms_then_redrives_and_audits(
     client: FlaskClient, session: Session
 ) -> None:

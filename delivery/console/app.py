@@ -19,7 +19,7 @@ from delivery.config.settings import Settings
 from delivery.console.auth import Users, parse_users
 from delivery.console.context import ConsoleState
 from delivery.console.pages import register
-from delivery.errors import InvalidFilter, MessageNotFound
+from delivery.errors import ConfigError, InvalidFilter, MessageNotFound
 from delivery.runtime.db import make_engine, make_sessionmaker
 
 __all__ = ["create_app"]
@@ -29,6 +29,22 @@ _CSP = (
     "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; "
     "frame-ancestors 'none'; base-uri 'none'"
 )
+
+
+TRACE_URL_ENV = "DELIVERY_TRACE_URL"
+
+
+def trace_url(env: dict[str, str]) -> str | None:
+    """``DELIVERY_TRACE_URL``: an http(s) address with ``{trace_id}`` where the trace id goes
+    (``https://jaeger.example/trace/{trace_id}``); ``ConfigError`` naming it otherwise."""
+    url = env.get(TRACE_URL_ENV, "").strip()
+    if not url:
+        return None
+    if not url.startswith(("http://", "https://")) or "{trace_id}" not in url:
+        raise ConfigError(
+            TRACE_URL_ENV, "must be an http(s) URL with {trace_id} where the trace id goes"
+        )
+    return url
 
 
 def create_app(
@@ -45,7 +61,13 @@ def create_app(
     settings = settings or load_settings()
     engine = make_engine(settings.database_url)
     sessions = make_sessionmaker(engine)
-    console = ConsoleState(settings, users, sessions, flower_url=env.get("DELIVERY_FLOWER_URL"))
+    console = ConsoleState(
+        settings,
+        users,
+        sessions,
+        flower_url=env.get("DELIVERY_FLOWER_URL"),
+        trace_url=trace_url(env),
+    )
     app = Flask(
         "delivery.console",
         template_folder=str(_HERE / "templates"),
@@ -93,6 +115,7 @@ def create_app(
             "is_operator": g.get("role") == "operator",
             "csrf_token": console.csrf.token(user) if user else "",
             "flower_url": console.flower_url,
+            "trace_url": console.trace_url,
         }
 
     @app.after_request

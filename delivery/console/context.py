@@ -50,6 +50,7 @@ class ConsoleState:
         sessions: sessionmaker[Session],
         *,
         flower_url: str | None = None,
+        trace_url: str | None = None,
     ) -> None:
         self.settings = settings
         self.users = users
@@ -60,6 +61,9 @@ class ConsoleState:
         # Flower's address as the operator's browser reaches it (DELIVERY_FLOWER_URL); without
         # one, no page links to Flower.
         self.flower_url = (flower_url or "").strip().rstrip("/") or None
+        # The operators' trace UI (DELIVERY_TRACE_URL, with ``{trace_id}``: a Jaeger or Tempo
+        # address); without one, a message page shows its trace id unlinked.
+        self.trace_url = (trace_url or "").strip() or None
 
 
 def state() -> ConsoleState:

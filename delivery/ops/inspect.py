@@ -257,7 +257,8 @@ def message_dict(
     ``attempts``, when given, are included as ``"attempts"`` (each naming the provider it
     called), with the message's ``"route"``: the providers they went through (``route``).
     ``"pinned"``: an attempt on its provider may have taken effect, so it never fails over
-    (docs/concepts.md, "Failover").
+    (docs/concepts.md, "Failover"). ``"trace_id"``: its OpenTelemetry trace, when the span
+    that enqueued it was recorded (docs/operations.md, "Traces").
     """
     recipient = message.recipient
     if reveal:
@@ -285,6 +286,7 @@ def message_dict(
         "created_at": _iso(message.created_at),
         "updated_at": _iso(message.updated_at),
         "sent_at": _iso(message.sent_at),
+        "trace_id": trace_id(message.traceparent),
     }
     if attempts is not None:
         mask_for = None if reveal else recipient
@@ -294,6 +296,12 @@ def message_dict(
             for attempt in attempts
         ]
     return data
+
+
+def trace_id(traceparent: str | None) -> str | None:
+    """The trace id of a stored W3C ``traceparent`` (``00-TRACE-SPAN-FLAGS``), if any."""
+    parts = (traceparent or "").split("-")
+    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
 
 
 def _after(data: dict[str, Any], name: str, new: str, value: Any) -> dict[str, Any]:
