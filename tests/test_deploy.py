@@ -39,20 +39,26 @@ SERVICES = {
     "receiver",
     "stub",
     "app",
+    "otel-collector",
+    "jaeger",
 }
+#: The services of the optional ``tracing`` profile (their images have no shell to check with).
+TRACING = {"otel-collector", "jaeger"}
 ENV_DIR = "${DELIVERY_ENV_DIR:-deploy/env.example}/"
 # Which env files (so which secrets) each service gets: each only what it needs.
 ENV_FILES = {
     "postgres": {"postgres.env"},
     "redis": {"redis.env"},
     "migrate": {"delivery.env", "database.env"},
-    "worker": {"delivery.env", "database.env", "broker.env", "providers.env"},
-    "beat": {"delivery.env", "database.env", "broker.env"},
+    "worker": {"delivery.env", "database.env", "broker.env", "providers.env", "tracing.env"},
+    "beat": {"delivery.env", "database.env", "broker.env", "tracing.env"},
     "flower": {"delivery.env", "broker.env", "flower.env"},
     "stub": set(),
     "console": {"delivery.env", "database.env", "broker.env", "console.env"},
-    "receiver": {"delivery.env", "database.env", "receipts.env"},
+    "receiver": {"delivery.env", "database.env", "receipts.env", "tracing.env"},
     "app": {"delivery.env", "database.env", "broker.env", "app.env"},
+    "otel-collector": set(),
+    "jaeger": set(),
 }
 
 
@@ -232,8 +238,10 @@ def test_compose_shape_one_beat_migrate_first_health_checks_and_auth() -> None:
         depends = services[name]["depends_on"]
         assert depends["migrate"]["condition"] == "service_completed_successfully", name
         assert depends["postgres"]["condition"] == "service_healthy", name
-    for name in SERVICES - {"migrate", "beat"}:
+    for name in SERVICES - {"migrate", "beat"} - TRACING:
         assert "healthcheck" in services[name], name
+    for name in TRACING:  # optional: only with --profile tracing
+        assert services[name]["profiles"] == ["tracing"], name
     assert services["stub"]["command"] == [
         "delivery", "stub-provider", "--host", "0.0.0.0", "--port", "9090"
     ]  # fmt: skip
@@ -278,7 +286,7 @@ def test_published_ports_are_on_loopback_only() -> None:
         for name, service in compose()["services"].items()
         if "ports" in service
     }
-    assert set(published) == {"flower", "console", "receiver", "app"}
+    assert set(published) == {"flower", "console", "receiver", "app", "jaeger"}
     for name, ports in published.items():
         for port in ports:
             assert str(port).startswith("127.0.0.1:"), (name, port)
