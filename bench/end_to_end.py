@@ -219,11 +219,12 @@ def backlog_run(
     concurrency: int,
     messages: int,
     produce: Produce | None = None,
+    env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """One run of ``run`` (label, path, configuration, task events) on new processes: a
     100-message warm-up, then ``messages`` committed by ``produce`` (by default
     ``produce_backlog``; it may return when the clock starts, else it starts at the call)
-    until the stub's last accept."""
+    until the stub's last accept. ``env``: more variables for the worker and beat."""
     label, path, config, events = run
 
     def backlog(engine: Any, n: int, prefix: str) -> float | None:
@@ -235,7 +236,7 @@ def backlog_run(
     flush_redis()
     stub.reset()
     monitor = make_engine(PG_URL, pool_size=1, max_overflow=0)
-    env = {"BENCH_NO_EVENTS": "0" if events else "1"}
+    env = {**(env or {}), "BENCH_NO_EVENTS": "0" if events else "1"}
     started = []
     if path == "delivery":
         env["DELIVERY_CONFIG"] = str(config)
