@@ -89,7 +89,8 @@ def test_without_the_extra_nothing_of_opentelemetry_is_imported(tmp_path: Path) 
     with tracing.calling(1, "stub"):
         pass
     events.emit_moved(row, "dispatched", "sending")
-    with tracing.publishing(["00-" + "1" * 32 + "-" + "2" * 16 + "-01"], "delivery", "k") as h:
+    claim = SimpleNamespace(id=1, key="k", traceparent="00-" + "1" * 32 + "-" + "2" * 16 + "-01")
+    with tracing.publishing([claim], "delivery", "k") as h:
         assert h is None
     print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
     """
@@ -133,7 +134,8 @@ trace.set_tracer_provider(provider)
 
 def test_spans_of_a_message_with_an_sdk(tmp_path: Path) -> None:
     """With an SDK: enqueue stores the current span's context; a task of one message is
-    published in a span that is its child, a batch task in a span linking each; an attempt's
+    published in a span that is its child, a batch task in a span linking each, the relay's
+    claims its events (no span of their own); an attempt's
     span opens at the take, is current while called, gets every move as an event and ends
     with the move out of ``sending`` (outcome, code; error status when ``dead``); a move
     outside an attempt (a receipt) is a ``status STATUS`` span of its own in the trace."""
@@ -148,14 +150,21 @@ def test_spans_of_a_message_with_an_sdk(tmp_path: Path) -> None:
     ids = checkout.get_span_context()
     assert parent.split("-")[1:3] == [f"{ids.trace_id:032x}", f"{ids.span_id:016x}"], parent
 
-    with tracing.publishing([parent], "delivery", "one") as headers:
+    claims = [SimpleNamespace(id=1, key="one", provider="stub", attempts=0, traceparent=parent),
+              SimpleNamespace(id=2, key="two", provider="stub", attempts=0, traceparent=other)]
+    with tracing.publishing(claims[:1], "delivery", "one") as headers:
         assert headers["traceparent"].split("-")[1] == f"{ids.trace_id:032x}"
-    with tracing.publishing([parent, other], "delivery", "batch-1"):
+    with tracing.publishing(claims, "delivery", "batch-1"):
         pass
     single, batch = exporter.get_finished_spans()[-2:]
     assert single.parent.span_id == ids.span_id and single.kind.name == "PRODUCER"
     assert batch.parent is None and len(batch.links) == 2
     assert batch.attributes["messaging.batch.message_count"] == 2
+    claimed = [e.attributes["delivery.message.id"] for e in batch.events]
+    assert claimed == [1, 2] and batch.events[0].attributes["delivery.status.to"] == "dispatched"
+    before = len(exporter.get_finished_spans())
+    events.emit_moved(claims[0], "pending", "dispatched")  # the claim: its publish span's event
+    assert len(exporter.get_finished_spans()) == before
 
     def row(n, key, tp):
         return SimpleNamespace(id=n, key=key, provider="stub", channel="sms", attempts=0,

@@ -12,15 +12,17 @@ delivery's own processes (worker, beat, receiver).
 - ``publishing``: the relay's and the nudge's ``send QUEUE`` span (PRODUCER) around one task's
   ``apply_async``, and the headers that carry it (Celery's own message headers, where
   ``opentelemetry-instrumentation-celery`` puts its context too). A task of one message is
-  the child of that message's context; a batch task links every message's.
+  the child of that message's context; a batch task links every message's. The relay's claim
+  of each message is an event of this span.
 - ``begin_attempts`` / ``calling`` / ``end_attempts``: one ``deliver CHANNEL`` span
   (CONSUMER) per attempt, child of the message's context, from the take until the move that
   ends it; current while the provider is called, so an HTTP client's span
   (``opentelemetry-instrumentation-httpx``) is its child. Attributes: message id, key,
   provider, attempt number, outcome and code, never the recipient or the payload.
 - ``on_transition``: every status change is an event (``delivery.status``) of the message's
-  open attempt span or, outside an attempt (the relay's claim, the sweeper, a receipt, an
-  operator's repair), of a short ``status STATUS`` span in the message's trace. A message that
+  open attempt span, of its publish span (the relay's claim) or, outside both (the sweeper,
+  a receipt, an operator's repair), of a short ``status STATUS`` span in the message's
+  trace. A message that
   ends ``dead`` sets its span's status to error.
 - ``log_ids``: the ``trace_id`` and ``span_id`` that a transition's JSON log line carries.
 """
@@ -107,10 +109,12 @@ def traceparent() -> str | None:
 
 
 @contextmanager
-def publishing(parents: Sequence[str | None], queue: str | None, task_id: str) -> Iterator[Any]:
-    """The ``send QUEUE`` span of one task carrying messages of ``parents`` (their stored
-    traceparents), current inside the block; yields the headers to publish the task with
-    (None when not tracing)."""
+def publishing(claims: Sequence[Any], queue: str | None, task_id: str) -> Iterator[Any]:
+    """The ``send QUEUE`` span of one task carrying ``claims`` (each with the message's
+    ``id``, ``key`` and stored ``traceparent``), current inside the block, with the relay's
+    claim of each (``pending`` -> ``dispatched``) as its event; yields the headers to publish
+    the task with (None when not tracing)."""
+    parents = [claim.traceparent for claim in claims]
     if not active() or not any(parents):
         yield None
         return
@@ -134,6 +138,9 @@ def publishing(parents: Sequence[str | None], queue: str | None, task_id: str) -
     span = _tracer().start_span(
         f"send {destination}", context, SpanKind.PRODUCER, attributes, links
     )
+    for claim in claims:
+        claimed = {"delivery.status.from": "pending", "delivery.status.to": "dispatched"}
+        span.add_event(ATTEMPT_EVENT, {**claimed, "delivery.message.id": claim.id})
     with _trace().use_span(span, end_on_exit=True):
         headers: dict[str, str] = {}
         propagate.inject(headers)
@@ -201,11 +208,12 @@ def end_attempts(message_ids: Iterable[int], reason: str | None = None) -> None:
 
 
 def on_transition(transition: Any) -> None:
-    """Called by ``events.emit`` with each ``Transition``: the change as an event of the message's attempt span (ended
-    once the message leaves ``sending``), else of a ``status STATUS`` span of its own."""
+    """Called by ``events.emit`` with each ``Transition``: the change as an event of the
+    message's attempt span (ended once the message leaves ``sending``), else of a ``status
+    STATUS`` span of its own (but the relay's claim: ``_claimed``)."""
     span = _open.get(transition.message_id) if _open else None
     if span is None:
-        if not transition.traceparent or not active():
+        if not transition.traceparent or not active() or _claimed(transition):
             return
         span = _tracer().start_span(
             f"status {transition.to_status}",
@@ -226,6 +234,13 @@ def on_transition(transition: Any) -> None:
         if transition.code is not None:
             span.set_attribute("delivery.code", transition.code)
         end_attempts([transition.message_id])
+
+
+def _claimed(transition: Any) -> bool:
+    """The relay's claim, an event of the publish span that follows it (``publishing``): a
+    span of its own per row would be thousands at once, more than a batch span processor's
+    queue holds (2,048), and would push out the attempts' spans."""
+    return bool(transition.from_status == "pending" and transition.to_status == "dispatched")
 
 
 def _event(span: Span, transition: Any) -> None:

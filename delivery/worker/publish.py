@@ -82,7 +82,7 @@ class _Send(NamedTuple):
     retries: int
     priority: str
     queue: str | None  # None: a configured route names the task
-    parents: tuple[str | None, ...]  # its messages' traces (``tracing.publishing``)
+    claims: Sequence[Claim]  # its messages (their traces: ``tracing.publishing``)
 
 
 def _plan(chunk: Sequence[Claim]) -> _Send:
@@ -98,8 +98,7 @@ def _plan(chunk: Sequence[Claim]) -> _Send:
     router = app.amqp.router
     routed = bool(router.routes) and router.lookup_route(task.name, args, {}, {}, task) is not None
     queue = None if routed else QUEUES.get(first.priority, QUEUE)
-    parents = tuple(c.traceparent for c in chunk)
-    return _Send(task, args, task_id, retries, first.priority, queue, parents)
+    return _Send(task, args, task_id, retries, first.priority, queue, chunk)
 
 
 def publish(claims: Sequence[Claim]) -> dict[str, int]:
@@ -125,7 +124,7 @@ def publish(claims: Sequence[Claim]) -> dict[str, int]:
                     if send.queue in declared:
                         route["declare"] = []
                     declared.add(send.queue)
-                with tracing.publishing(send.parents, send.queue, send.task_id) as headers:
+                with tracing.publishing(send.claims, send.queue, send.task_id) as headers:
                     send.task.apply_async(
                         send.args,
                         task_id=send.task_id,
