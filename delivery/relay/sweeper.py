@@ -57,7 +57,7 @@ def sweep(engine: Engine, *, limit: int = 1000, now: dt.datetime | None = None) 
         expired = sum(expire(conn, old, now) for old in (Status.PENDING, Status.DISPATCHED))
         requeued = requeue(conn, now)
         stuck = conn.execute(
-            select(m.id, m.key, m.provider, m.attempts, m.max_attempts, m.on_unknown)
+            select(m.id, m.key, m.provider, m.attempts, m.max_attempts, m.on_unknown, m.traceparent)
             .where(m.status == Status.SENDING.value, m.lease_expires_at < now)
             .limit(limit)
         ).all()

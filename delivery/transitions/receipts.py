@@ -102,6 +102,7 @@ _MESSAGE = select(
     messages_table.c.recipient,
     messages_table.c.message_type,
     messages_table.c.sent_at,
+    messages_table.c.traceparent,  # a receipt's move is an event in the message's trace
 )
 _MOVE = (
     update(messages_table)

@@ -39,6 +39,7 @@ _MOVED = (
     messages_table.c.key,
     messages_table.c.provider,
     messages_table.c.attempts,
+    messages_table.c.traceparent,  # its move is an event in the message's trace
 )
 
 
