@@ -16,7 +16,7 @@ Figures: ``off`` / ``alone`` (the bar: >= 1.5x) and ``off`` / ``no_extra`` (free
 within noise), and what ``on`` costs per message (CPU ms of worker, beat, app and PostgreSQL
 over ``off``'s), with the spans the sink received. Medians of the rounds.
 
-    python -m bench.tracing [--messages 5000] [--rounds 3]
+    python -m bench.tracing [--messages 5000] [--rounds 5]
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ def _app_tracer(endpoint: str) -> Any:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=5000)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     runs = {run[0]: run for run in BACKLOG_RUNS}
     site = RUN_DIR / "no-otel"
