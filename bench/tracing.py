@@ -33,14 +33,7 @@ from bench.common import RUN_DIR, log, median, report, row, session
 from bench.end_to_end import BACKLOG_RUNS, backlog_run, produce_backlog
 from delivery.testing.processes import free_port
 
-NO_OTEL = """
-import importlib.abc, sys
-class _NoOpenTelemetry(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name.split(".")[0] == "opentelemetry":
-            raise ModuleNotFoundError(f"No module named {name!r}")
-sys.meta_path.insert(0, _NoOpenTelemetry())
-"""
+NO_OTEL = "import delivery.testing.without_otel\n"  # the sitecustomize of ``no_extra``
 
 SINK = """
 import sys

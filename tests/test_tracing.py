@@ -71,14 +71,6 @@ def test_without_the_extra_nothing_of_opentelemetry_is_imported(tmp_path: Path) 
     """With every ``opentelemetry`` import failing as it does when the extra is not installed,
     enqueue, a transition, an attempt's span calls and ``configure`` (asked by ``OTEL_*``)
     all work, and no module of OpenTelemetry is loaded."""
-    blocked = """
-    import importlib.abc
-    class NoOpenTelemetry(importlib.abc.MetaPathFinder):
-        def find_spec(self, name, path, target=None):
-            if name.split(".")[0] == "opentelemetry":
-                raise ModuleNotFoundError(f"No module named {name!r}")
-    sys.meta_path.insert(0, NoOpenTelemetry())
-    """
     script = """
     from types import SimpleNamespace
     from delivery.observability import events, tracing
@@ -95,8 +87,7 @@ def test_without_the_extra_nothing_of_opentelemetry_is_imported(tmp_path: Path) 
     print(sorted(m for m in sys.modules if m.startswith("opentelemetry")))
     """
     out = run(
-        "import sys\n"
-        + textwrap.dedent(blocked)
+        "import delivery.testing.without_otel\n"
         + textwrap.dedent(PRELUDE)
         + textwrap.dedent(script),
         tmp_path,
