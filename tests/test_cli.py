@@ -107,6 +107,18 @@ def test_show_by_key_and_id_prints_attempts_and_masks(session: Session) -> None:
     assert RECIPIENT in run("show", "order-7", "--reveal").output
 
 
+def test_show_prints_the_trace_id_of_a_traced_message(session: Session) -> None:
+    """``show`` of a message enqueued in a recorded span prints its trace id (``--json``:
+    ``trace_id``); of one without, none."""
+    trace = "4bf92f3577b34da6a3ce929d0e0e4736"
+    add(session, "traced-2", "sent", traceparent=f"00-{trace}-00f067aa0ba902b7-01")
+    add(session, "plain-2", "sent")
+    assert json.loads(run("show", "traced-2", "--json").output)["trace_id"] == trace
+    assert json.loads(run("show", "plain-2", "--json").output)["trace_id"] is None
+    lines = run("show", "traced-2").output.splitlines()
+    assert any(line.split() == ["trace_id", trace] for line in lines), lines
+
+
 def test_show_names_each_attempts_provider_and_the_route(session: Session) -> None:
     """``show`` of a message that failed over: each attempt names the provider it called, the
     message its route (``primary -> backup``, a provider repeated in a row once) and
