@@ -20,6 +20,7 @@ import itertools
 import json
 import re
 import secrets
+import sys
 import threading
 import time
 from collections import defaultdict, deque
@@ -64,8 +65,25 @@ class Reply:
     drop: bool = False
 
 
+class QuietHTTPServer(ThreadingHTTPServer):
+    """Every test's HTTP server in the test process (request threads are daemons). A client
+    that hung up mid-answer is the client's doing: nothing printed. Any other error is one
+    line, never a traceback: on Python 3.11 printing a traceback parses source with ``ast``
+    (its caret marks), whose state is not thread-safe there, so a server thread printing one
+    while a test parses modules (test_layout, test_public_apis) made that parse fail with
+    "AST constructor recursion depth mismatch"."""
+
+    daemon_threads = True
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        error = sys.exc_info()[1]
+        if isinstance(error, (BrokenPipeError, ConnectionResetError)):
+            return
+        sys.stderr.write(f"test server {self.server_address}: {error!r}\n")
+
+
 class StubServer:
-    """A ThreadingHTTPServer on 127.0.0.1:0 in a daemon thread; ``answer`` is the contract."""
+    """A QuietHTTPServer on 127.0.0.1:0 in a daemon thread; ``answer`` is the contract."""
 
     def __init__(self) -> None:
         self.requests: list[Recorded] = []
@@ -84,8 +102,7 @@ class StubServer:
 
             do_GET = do_POST = do_PUT = do_DELETE = _handle
 
-        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self._httpd.daemon_threads = True
+        self._httpd = QuietHTTPServer(("127.0.0.1", 0), Handler)
         self._thread = threading.Thread(
             target=self._httpd.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True
         )

@@ -12,7 +12,7 @@ import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any, NamedTuple
 
 import httpx
@@ -20,6 +20,7 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from delivery.testing.stub_provider import StubClient, StubServer
+from tests.provider_stubs import QuietHTTPServer
 
 TO = "+15551234567"
 SECRET = "whsec_" + base64.b64encode(b"receipts-test-key-0123456789abcd").decode()
@@ -36,9 +37,7 @@ class Received(NamedTuple):
         return doc
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
+class _Server(QuietHTTPServer):
     def server_bind(self) -> None:  # no reverse DNS lookup
         socketserver.TCPServer.server_bind(self)
 

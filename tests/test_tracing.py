@@ -16,6 +16,7 @@ from pathlib import Path
 from sqlalchemy.orm import Session
 
 import delivery
+from delivery.config.loading import load_settings
 from delivery.observability import tracing
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -104,8 +105,11 @@ def test_with_the_api_but_no_sdk_nothing_is_recorded_or_stored(
     from opentelemetry import trace
 
     assert not tracing.active()
+    settings = load_settings()  # this test's outbox, passed: the process's settings untouched
     with trace.get_tracer("app").start_as_current_span("request"):
-        message = delivery.enqueue(session, channel="sms", to="+12015550123", payload={"body": "x"})
+        message = delivery.enqueue(
+            session, channel="sms", to="+12015550123", payload={"body": "x"}, settings=settings
+        )
     session.commit()
     assert message.traceparent is None
 

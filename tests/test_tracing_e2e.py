@@ -22,7 +22,7 @@ import sys
 import textwrap
 import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import pytest
@@ -31,6 +31,7 @@ from sqlalchemy import text
 from delivery.testing.processes import beat, start_all, stop_all, stub_provider, worker
 from delivery.testing.stub_provider import StubClient
 from tests.conftest import free_port, own_outbox, wait_until
+from tests.provider_stubs import QuietHTTPServer
 
 pytestmark = pytest.mark.integration
 
@@ -113,7 +114,7 @@ class Collector:
             def log_message(self, *args: Any) -> None:
                 pass
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", free_port()), Handler)
+        self.server = QuietHTTPServer(("127.0.0.1", free_port()), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_port}"
         threading.Thread(target=self.server.serve_forever, daemon=True).start()
 

@@ -21,7 +21,7 @@ from delivery.core.outcomes import Delivered, Permanent, Retryable
 from delivery.errors import ConfigError, InvalidMessage
 from delivery.providers import Envelope
 from delivery.runtime.db import make_engine, upgrade
-from tests.provider_stubs import WebhookReceiver, provider_from, settings_with
+from tests.provider_stubs import QuietHTTPServer, WebhookReceiver, provider_from, settings_with
 
 SECRET = "whsec_" + base64.b64encode(b"egress-test-signing-key-0123456789").decode()
 PUBLIC = "93.184.215.14"  # never contacted: connect is replaced by a recorder below
@@ -281,7 +281,7 @@ def tls_receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[An
     the client trusts (SSL_CERT_FILE); it records the SNI names it is offered."""
     import ssl
     import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from http.server import BaseHTTPRequestHandler
 
     trustme = pytest.importorskip("trustme")
     ca = trustme.CA()
@@ -303,7 +303,7 @@ def tls_receiver(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[An
         def log_message(self, *args: Any) -> None:
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server = QuietHTTPServer(("127.0.0.1", 0), Handler)
     server.socket = context.wrap_socket(server.socket, server_side=True)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()

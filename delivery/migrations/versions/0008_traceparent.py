@@ -1,6 +1,7 @@
-"""Traces: ``delivery_messages.traceparent``, the W3C trace context of the span that called
-``enqueue`` (``delivery.observability.tracing``); NULL when traces are not recorded, and on
-every row written before this revision.
+"""Traces: the W3C trace context of the span each message was enqueued in.
+
+``delivery_messages.traceparent`` (``delivery.observability.tracing``): NULL when traces are
+not recorded, and on every row written before this revision.
 
 Revision ID: 0008_traceparent
 Revises: 0007_failover
