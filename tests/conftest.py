@@ -326,11 +326,14 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture
-def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    """A migrated SQLite outbox that the ``delivery`` CLI (run with CliRunner) will use."""
+def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """A migrated SQLite outbox that the ``delivery`` CLI (run with CliRunner) will use. The
+    process's settings are read again afterwards: any read while this environment was set
+    (an ``enqueue``, its nudge's publish) must not outlive the test."""
     from click.testing import CliRunner
 
     from delivery.cli import main
+    from delivery.runtime.current import configure
 
     url = f"sqlite:///{tmp_path}/cli.sqlite3"
     monkeypatch.setenv("DELIVERY_DATABASE_URL", url)
@@ -338,7 +341,8 @@ def db_url(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.delenv("DELIVERY_REDIS_URL", raising=False)
     result = CliRunner().invoke(main, ["db", "upgrade"])
     assert result.exit_code == 0, result.output
-    return url
+    yield url
+    configure(None)
 
 
 @pytest.fixture
