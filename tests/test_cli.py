@@ -115,6 +115,8 @@ def test_show_prints_the_trace_id_of_a_traced_message(session: Session) -> None:
     add(session, "plain-2", "sent")
     assert json.loads(run("show", "traced-2", "--json").output)["trace_id"] == trace
     assert json.loads(run("show", "plain-2", "--json").output)["trace_id"] is None
+    add(session, "odd-2", "sent", traceparent=f"00-{'<a>' * 10}xx-00f067aa0ba902b7-01")
+    assert json.loads(run("show", "odd-2", "--json").output)["trace_id"] is None
     lines = run("show", "traced-2").output.splitlines()
     assert any(line.split() == ["trace_id", trace] for line in lines), lines
 

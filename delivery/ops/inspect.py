@@ -301,7 +301,8 @@ def message_dict(
 def trace_id(traceparent: str | None) -> str | None:
     """The trace id of a stored W3C ``traceparent`` (``00-TRACE-SPAN-FLAGS``), if any."""
     parts = (traceparent or "").split("-")
-    return parts[1] if len(parts) == 4 and len(parts[1]) == 32 else None
+    trace = parts[1] if len(parts) == 4 else ""
+    return trace if len(trace) == 32 and all(c in "0123456789abcdef" for c in trace) else None
 
 
 def _after(data: dict[str, Any], name: str, new: str, value: Any) -> dict[str, Any]:
