@@ -61,9 +61,9 @@ class ConsoleState:
         # Flower's address as the operator's browser reaches it (DELIVERY_FLOWER_URL); without
         # one, no page links to Flower.
         self.flower_url = (flower_url or "").strip().rstrip("/") or None
-        # The operators' trace UI (DELIVERY_TRACE_URL, with ``{trace_id}``: a Jaeger or Tempo
-        # address); without one, a message page shows its trace id unlinked.
-        self.trace_url = (trace_url or "").strip() or None
+        # The operators' trace UI (DELIVERY_TRACE_URL, checked by ``app.trace_url``: with
+        # ``{trace_id}``, a Jaeger or Tempo address); without one, a trace id is not linked.
+        self.trace_url = trace_url
 
 
 def state() -> ConsoleState:

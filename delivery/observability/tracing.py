@@ -24,11 +24,13 @@ delivery's own processes (worker, beat, receiver).
   a receipt, an operator's repair), of a short ``status STATUS`` span in the message's
   trace. A message that
   ends ``dead`` sets its span's status to error.
-- ``log_ids``: the ``trace_id`` and ``span_id`` that a transition's JSON log line carries.
+- ``log_ids``: the ``trace_id`` and ``span_id`` that a transition's JSON log line carries;
+  ``trace_id``: the trace id of a stored ``traceparent`` (``delivery show``, the console).
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -49,6 +51,7 @@ __all__ = [
     "log_ids",
     "on_transition",
     "publishing",
+    "trace_id",
     "traceparent",
 ]
 
@@ -79,7 +82,9 @@ def active() -> bool:
     return bool(trace) and not isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider)
 
 
+@functools.cache
 def _tracer() -> Tracer:
+    """delivery's tracer, asked for once ``active`` (the global provider is set only once)."""
     return _trace().get_tracer("delivery")  # type: ignore[no-any-return]
 
 
@@ -262,20 +267,33 @@ def _event(span: Span, transition: Any) -> None:
         span.set_status(StatusCode.ERROR, f"dead: {transition.code or 'no code'}")
 
 
+def trace_id(traceparent: str | None) -> str | None:
+    """The trace id of a stored W3C ``traceparent`` (``00-TRACE-SPAN-FLAGS``): 32 lowercase
+    hex digits, or None. Plain text, so that ``delivery show`` and the console read it
+    without the extra."""
+    parts = (traceparent or "").split("-")
+    trace = parts[1] if len(parts) == 4 else ""
+    return trace if len(trace) == 32 and all(c in "0123456789abcdef" for c in trace) else None
+
+
 def log_ids(message_id: int, parent: str | None) -> Mapping[str, str]:
     """``trace_id`` and ``span_id`` for a transition's log line: its attempt span's, else its
     stored trace's (with the current span's id when that is in the same trace)."""
+    trace = _trace()
     span = _open.get(message_id) if _open else None
     if span is not None:
         context = span.get_span_context()
-        return {"trace_id": f"{context.trace_id:032x}", "span_id": f"{context.span_id:016x}"}
-    if not parent or len(parent) != 55:
+        return {
+            "trace_id": trace.format_trace_id(context.trace_id),
+            "span_id": trace.format_span_id(context.span_id),
+        }
+    stored = trace_id(parent)
+    if stored is None:
         return {}
-    ids = {"trace_id": parent[3:35]}
-    current = _trace().get_current_span().get_span_context() if _trace() else None
-    if current is not None and current.is_valid and f"{current.trace_id:032x}" == ids["trace_id"]:
-        ids["span_id"] = f"{current.span_id:016x}"
-    return ids
+    current = trace.get_current_span().get_span_context()
+    if current.is_valid and trace.format_trace_id(current.trace_id) == stored:
+        return {"trace_id": stored, "span_id": trace.format_span_id(current.span_id)}
+    return {"trace_id": stored}
 
 
 #: ``OTEL_TRACES_EXPORTER`` values ``configure`` sets up (``none``: tracing stays off).

@@ -20,6 +20,7 @@ from delivery.core.models import Attempt, Message, Receipt, utcnow
 from delivery.core.status import Status
 from delivery.errors import MessageNotFound
 from delivery.observability.events import mask
+from delivery.observability.tracing import trace_id
 from delivery.outbox.validation import canonical_json
 
 __all__ = [
@@ -296,13 +297,6 @@ def message_dict(
             for attempt in attempts
         ]
     return data
-
-
-def trace_id(traceparent: str | None) -> str | None:
-    """The trace id of a stored W3C ``traceparent`` (``00-TRACE-SPAN-FLAGS``), if any."""
-    parts = (traceparent or "").split("-")
-    trace = parts[1] if len(parts) == 4 else ""
-    return trace if len(trace) == 32 and all(c in "0123456789abcdef" for c in trace) else None
 
 
 def _after(data: dict[str, Any], name: str, new: str, value: Any) -> dict[str, Any]:
