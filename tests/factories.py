@@ -27,7 +27,11 @@ STATUSES = [
 ]
 #: Every table of the outbox, for ``TRUNCATE``: read from the models, so none is left out (a
 #: table that references the messages would make the TRUNCATE fail).
-OUTBOX_TABLES = ", ".join(table.name for table in reversed(Base.metadata.sorted_tables))
+#: Every table of the outbox, the keys table of a partitioned one included (PostgreSQL's
+#: test outboxes are: ``delivery.runtime.partitions``).
+OUTBOX_TABLES = ", ".join(
+    ["delivery_keys", *(table.name for table in reversed(Base.metadata.sorted_tables))]
+)
 
 
 def message_values(key: str, status: str = "pending", **fields: Any) -> dict[str, Any]:

@@ -1,8 +1,10 @@
 """The outbox's INSERTs of validated rows (``outbox.row_values``), in the caller's transaction:
 ``insert_one`` for ``enqueue``, ``insert_chunk`` for ``enqueue_many``.
 
-Each is one ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING``, so that a repeated key never
-breaks the caller's transaction, run with SQLAlchemy's public execution: events, echo,
+Each is one ``INSERT .. ON CONFLICT DO NOTHING RETURNING``, so that a repeated key never
+breaks the caller's transaction (the conflict is the key's unique index, or on a partitioned
+outbox the keys table's, through its trigger: ``delivery.runtime.partitions``; hence no
+conflict target), run with SQLAlchemy's public execution: events, echo,
 ``hide_parameters`` and error wrapping apply as for any statement. ``insert_one``'s Core
 statement is compiled once per dialect (``compiled_insert``), each value going through its
 column type's bind processing, and the ``Message`` it returns is attached to the session as a
@@ -145,7 +147,7 @@ def insert_chunk(session: Session, rows: list[dict[str, Any]]) -> dict[str, int]
     stmt = (
         sqlite.insert(messages_table)
         .values(rows)
-        .on_conflict_do_nothing(index_elements=["key"])
+        .on_conflict_do_nothing()
         .returning(messages_table.c.key, messages_table.c.id)
     )
     return {key: new_id for key, new_id in conn.execute(stmt)}
@@ -217,7 +219,7 @@ _KEY = COLUMNS.index("key")
 
 @functools.lru_cache(maxsize=64)
 def _pg_chunk(shape: tuple[int, ...]) -> str:
-    """``INSERT .. SELECT .. FROM unnest(%b::type[], ..) ON CONFLICT (key) DO NOTHING
+    """``INSERT .. SELECT .. FROM unnest(%b::type[], ..) ON CONFLICT DO NOTHING
     RETURNING key, id`` for a chunk of this ``_shape``: a single value is ``%b::type`` in the
     select list, an array a column of ``unnest``; ``budget_start`` is 0 as in a new row."""
     picked = []
@@ -230,7 +232,7 @@ def _pg_chunk(shape: tuple[int, ...]) -> str:
     return (
         f"INSERT INTO {messages_table.name} ({', '.join(COLUMNS)}, budget_start) "
         f"SELECT {', '.join(picked)}, 0 FROM unnest({arrays}) AS v({names}) "
-        "ON CONFLICT (key) DO NOTHING RETURNING key, id"
+        "ON CONFLICT DO NOTHING RETURNING key, id"
     )
 
 
@@ -247,16 +249,16 @@ def _core_chunk() -> Any:
     return (
         postgresql.insert(messages_table)
         .from_select(list(COLUMNS), select(*picked))
-        .on_conflict_do_nothing(index_elements=["key"])
+        .on_conflict_do_nothing()
         .returning(m.key, m.id)
     )
 
 
 @functools.cache
 def insert_statement(dialect: str) -> Any:
-    """``insert_one``'s Core ``INSERT .. ON CONFLICT (key) DO NOTHING RETURNING id`` for
+    """``insert_one``'s Core ``INSERT .. ON CONFLICT DO NOTHING RETURNING id`` for
     ``dialect`` (``postgresql`` or ``sqlite``), built once: its compiled form is cached, and
     no ORM entity is loaded from its answer."""
     insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
     m = messages_table
-    return insert(m).on_conflict_do_nothing(index_elements=[m.c.key]).returning(m.c.id)
+    return insert(m).on_conflict_do_nothing().returning(m.c.id)

@@ -16,7 +16,7 @@ from typing import Any
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import Engine, create_engine, event
+from sqlalchemy import Engine, create_engine, event, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import DBAPIError, DisconnectionError
 from sqlalchemy.orm import Session, sessionmaker
@@ -133,12 +133,27 @@ def revisions_between(before: str | None, after: str | None) -> list[tuple[str, 
     return list(reversed(found))
 
 
-def upgrade(engine: Engine, revision: str = "head") -> None:
-    """Create or migrate the outbox tables to ``revision`` with the shipped migrations."""
+def upgrade(engine: Engine, revision: str = "head", *, partition: bool = True) -> bool:
+    """Create or migrate the outbox tables to ``revision`` with the shipped migrations. A new
+    PostgreSQL outbox (no message yet, at the newest revision) is then partitioned by day
+    (``delivery.runtime.partitions``), unless ``partition`` is False; a filled one is left
+    as it is (``delivery db partition`` converts it). Whether it was partitioned now."""
+    from delivery.runtime import partitions
+
     config = _alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+        new = (
+            partition
+            and revision == "head"
+            and connection.dialect.name == "postgresql"
+            and not partitions.is_partitioned(connection)
+            and connection.scalar(text("SELECT NOT EXISTS (SELECT 1 FROM delivery_messages)"))
+        )
+    if new:
+        partitions.partition(engine)
+    return bool(new)
 
 
 def current_revision(engine: Engine) -> str | None:

@@ -328,10 +328,11 @@ def _mark(conn: Connection, receipt_id: int, effect: Effect) -> None:
 
 @functools.cache
 def _insert_once(dialect: str) -> Any:
-    """INSERT .. ON CONFLICT (provider, event) DO NOTHING (PostgreSQL, SQLite), built once:
-    each receipt only binds its values."""
+    """INSERT .. ON CONFLICT DO NOTHING (PostgreSQL, SQLite), built once: each receipt only
+    binds its values. The conflict is (provider, event)'s unique index; on a partitioned
+    outbox it holds ``message_id`` too (``delivery.runtime.partitions``), hence no target."""
     build = pg_insert if dialect == "postgresql" else sqlite_insert
-    return build(receipts_table).on_conflict_do_nothing(index_elements=["provider", "event"])
+    return build(receipts_table).on_conflict_do_nothing()
 
 
 _RECEIPT_TYPES: dict[str, Any] = {
@@ -348,12 +349,12 @@ _RECEIPT_TYPES: dict[str, Any] = {
 
 @functools.cache
 def _insert_unnest() -> Any:
-    """INSERT .. SELECT FROM unnest(..) ON CONFLICT (provider, event) DO NOTHING."""
+    """INSERT .. SELECT FROM unnest(..) ON CONFLICT DO NOTHING."""
     rows = unnest("r", *((f"r_{c}", kind) for c, kind in _RECEIPT_TYPES.items()))
     return (
         pg_insert(receipts_table)
         .from_select(list(_RECEIPT_TYPES), select(*rows.c))
-        .on_conflict_do_nothing(index_elements=["provider", "event"])
+        .on_conflict_do_nothing()
     )
 
 
