@@ -8,7 +8,17 @@ from sqlalchemy.exc import OperationalError
 
 from delivery.cli.common import open_engine
 from delivery.config.loading import load_settings
-from delivery.runtime.db import current_revision, database_error, revisions_between, upgrade
+from delivery.errors import ConfigError
+from delivery.runtime import partitions
+from delivery.runtime.db import (
+    DATABASE_VARIABLE,
+    UPGRADE_HINT,
+    current_revision,
+    database_error,
+    head_revision,
+    revisions_between,
+    upgrade,
+)
 
 __all__ = ["db"]
 
@@ -28,15 +38,50 @@ def db_upgrade() -> None:
             before = current_revision(engine)
         except OperationalError as exc:
             raise database_error(exc, settings.database_url, upgrading=True) from None
-        upgrade(engine)
+        partitioned_now = upgrade(engine)
         revision = current_revision(engine)
+        with engine.connect() as conn:
+            shape = partitions.is_partitioned(conn)
     applied = revisions_between(before, revision)
     if not applied:
         click.echo(f"{url} is already at revision {revision}: nothing to apply")
-        return
     for rev, doc in applied:
         click.echo(f"applied {rev}: {doc}")
-    click.echo(f"{url} is at revision {revision} (was {before or 'empty'})")
+    if applied:
+        click.echo(f"{url} is at revision {revision} (was {before or 'empty'})")
+    if partitioned_now:
+        click.echo("partitioned by day: `delivery prune` drops whole days")
+    elif engine.dialect.name == "postgresql" and not shape:
+        click.echo(
+            "not partitioned: `delivery db partition` converts it, and `delivery prune` then "
+            "drops whole days (docs/operations.md, Retention)"
+        )
+
+
+@db.command("partition")
+def db_partition() -> None:
+    """Partition a PostgreSQL outbox by day (the pipeline may run: it waits well under a
+    second), or on one that is, create the coming days' partitions."""
+    settings = load_settings()
+    with open_engine(settings) as engine:
+        if engine.dialect.name != "postgresql":
+            raise ConfigError(
+                f"{DATABASE_VARIABLE} names a {engine.dialect.name} outbox: only a PostgreSQL "
+                "outbox is partitioned"
+            )
+        if current_revision(engine) != head_revision():
+            raise ConfigError(f"the outbox is not at the newest revision: run {UPGRADE_HINT}")
+        with engine.connect() as conn:
+            done = partitions.is_partitioned(conn)
+        if done:
+            created = partitions.ensure_ahead(engine)
+            click.echo(f"already partitioned; {len(created)} days created ahead")
+            return
+        conversion = partitions.partition(engine, say=lambda step: click.echo(f"  {step}"))
+    click.echo(
+        f"partitioned by day: {conversion.keys} keys recorded, the swap held the outbox for "
+        f"{conversion.pause_s * 1000:.0f} ms, {len(conversion.created)} days created ahead"
+    )
 
 
 @db.command("current")

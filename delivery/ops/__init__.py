@@ -7,7 +7,8 @@ call these). Every function takes a SQLAlchemy ``Session`` and never commits: th
 - ``repair``: ``redrive``, ``resolve``, ``cancel``: each one conditional UPDATE on the
   expected status that emits a ``Transition`` (an outcome for the app's hooks is told at the
   session's commit; ``take_outcomes`` for a session that never commits itself).
-- ``prune``: delete final messages and their attempts in batches, never an open one.
+- ``prune``: delete final messages and their attempts in batches, never an open one; on a
+  partitioned outbox, drop whole days (``drop_days``).
 - ``audit``: one row per operator action (repairs, reveals, breaker resets) with its actor.
 - ``search``: the console's message search (keyset pages on indexed columns).
 - ``series``: per-minute counts, error rates and latency percentiles for charts.
@@ -51,7 +52,7 @@ from delivery.ops.inspect import (
     stats,
     stats_by_provider,
 )
-from delivery.ops.prune import PruneBatch, prunable, prune_batch
+from delivery.ops.prune import Dropped, PruneBatch, days_cutoff, drop_days, prunable, prune_batch
 from delivery.ops.receipts import ReceiptRates, receipt_rates
 from delivery.ops.repair import (
     REDRIVABLE,
@@ -75,6 +76,7 @@ __all__ = [
     "RESOLVABLE",
     "AuditRow",
     "CancelResult",
+    "Dropped",
     "Event",
     "MessageFilter",
     "Move",
@@ -88,8 +90,10 @@ __all__ = [
     "attempt_provider",
     "cancel",
     "cli_actor",
+    "days_cutoff",
     "dead",
     "dead_ids",
+    "drop_days",
     "entries",
     "find",
     "matching_ids",

@@ -1,8 +1,14 @@
-"""Prune: delete final messages with their attempts and receipts, in batches, never an open
-one.
+"""Prune: delete final messages with their attempts and receipts, never an open one.
 
 ``prunable`` counts what ``prune_batch`` would delete; call ``prune_batch`` until it deletes
 nothing, committing after each batch (``delivery prune`` does).
+
+On a partitioned outbox (PostgreSQL: ``delivery.runtime.partitions``) the same messages go,
+but by whole days: ``days_cutoff`` rounds the cutoff down to midnight UTC, and ``drop_days``
+drops each day before it whose every message ``prune_batch`` would delete (one catalog change,
+and the space returned at once). A day that still holds a message ``prune`` keeps (open, or
+changed since the cutoff) is kept and reported; ``prune_batch`` then deletes its prunable
+rows one by one, as on any outbox.
 """
 
 from __future__ import annotations
@@ -11,13 +17,15 @@ import datetime as dt
 from dataclasses import dataclass
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, CursorResult, and_, delete, func, select
+from sqlalchemy import ColumnElement, CursorResult, Engine, and_, delete, func, select
 from sqlalchemy.orm import Session
 
 from delivery.core.models import Attempt, Message, Receipt
 from delivery.core.status import FINAL
+from delivery.runtime import partitions
+from delivery.runtime.partitions import Dropped
 
-__all__ = ["PruneBatch", "prunable", "prune_batch"]
+__all__ = ["Dropped", "PruneBatch", "days_cutoff", "drop_days", "prunable", "prune_batch"]
 
 _FINAL = tuple(sorted(status.value for status in FINAL))
 
@@ -75,3 +83,25 @@ def prune_batch(session: Session, cutoff: dt.datetime, *, limit: int = 1000) -> 
     return PruneBatch(
         cast(CursorResult[Any], messages).rowcount, cast(CursorResult[Any], attempts).rowcount
     )
+
+
+def days_cutoff(session: Session, cutoff: dt.datetime) -> dt.datetime:
+    """The cutoff ``prune`` uses: on a partitioned outbox rounded down to midnight UTC (it
+    removes whole days), else ``cutoff`` itself."""
+    if not partitions.is_partitioned(session.connection()):
+        return cutoff
+    return cutoff.astimezone(dt.UTC).replace(hour=0, minute=0, second=0, microsecond=0)
+
+
+def drop_days(session: Session, cutoff: dt.datetime, *, dry_run: bool = False) -> list[Dropped]:
+    """On a partitioned outbox, each day that ends by ``cutoff`` (``days_cutoff``'s) dropped
+    whole if ``prune_batch`` would delete every message in it, else kept (``Dropped.kept``
+    says why); nothing is dropped with ``dry_run``. Each day is its own transaction, outside
+    ``session``'s (which this ends). Empty on any other outbox."""
+    if not partitions.is_partitioned(session.connection()):
+        return []
+    days = [day for day in partitions.listing(session.connection()) if day.ends <= cutoff]
+    engine = session.get_bind()
+    assert isinstance(engine, Engine), "prune needs a session bound to an engine"
+    session.rollback()
+    return [partitions.drop_day(engine, day, cutoff, _FINAL, dry_run=dry_run) for day in days]

@@ -151,9 +151,10 @@ class Day:
 
 @dataclasses.dataclass(frozen=True, slots=True)
 class Dropped:
-    """What ``drop_day`` did with one day: ``dropped`` it (``messages``, ``attempts``), or kept
-    it because of the messages ``prune`` would not delete (``kept``: their count per status,
-    a status ``changed`` for final messages changed after the cutoff)."""
+    """What ``drop_day`` did with one day: ``dropped`` it (or would, in a dry run: its
+    ``messages`` and ``attempts``), or kept it because of the messages ``prune`` would not
+    delete (``kept``: their count per status, and ``changed``: final messages changed since
+    the cutoff)."""
 
     day: Day
     dropped: bool
@@ -213,30 +214,22 @@ def _today(conn: Connection) -> int:
 
 
 def ensure_ahead(engine: Engine, days: int = AHEAD) -> list[str]:
-    """Create the partitions of today and the next ``days`` days that are missing; return
-    their names. Each is created empty and attached (``ATTACH`` locks the outbox less than
-    ``CREATE .. PARTITION OF``: the pipeline goes on)."""
-    created = []
+    """Create the partitions of today and the next ``days`` days that are missing (beat does,
+    every hour); return their names. Nothing on an outbox that is not partitioned."""
     with engine.connect() as conn:
         if not is_partitioned(conn):
             return []
         today = _today(conn)
-        conn.rollback()
-    for day in range(today, today + days + 1):
-        name = f"p{(_EPOCH + dt.timedelta(days=day)):%Y%m%d}"
+    return _create_days(engine, range(today, today + days + 1))
+
+
+def _create_days(engine: Engine, days: range) -> list[str]:
+    created = []
+    for day in days:
         with engine.begin() as conn:
-            if conn.scalar(text(f"SELECT to_regclass('delivery_messages_{name}')")):
-                continue
             conn.execute(text(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'"))
-            for table, _ in TABLES:
-                conn.execute(
-                    text(
-                        f"CREATE TABLE {table}_{name} (LIKE {table} INCLUDING DEFAULTS); "
-                        f"ALTER TABLE {table} ATTACH PARTITION {table}_{name} "
-                        f"FOR VALUES FROM ({_bound(day)}) TO ({_bound(day + 1)})"
-                    )
-                )
-        created.append(f"delivery_messages_{name}")
+            if name := _create_day(conn, day):
+                created.append(name)
     return created
 
 
@@ -247,15 +240,24 @@ def _index_names(conn: Connection, table: str) -> list[str]:
 
 
 def partition(
-    engine: Engine, *, batch: int = 50_000, say: Callable[[str], None] = lambda _: None
+    engine: Engine,
+    *,
+    start: dt.date | None = None,
+    batch: int = 50_000,
+    say: Callable[[str], None] = lambda _: None,
 ) -> Conversion:
     """Convert the outbox of ``engine`` (PostgreSQL, at the newest revision, not partitioned)
-    to the partitioned shape; the pipeline may run meanwhile. ``say`` is told each step."""
+    to the partitioned shape; the pipeline may run meanwhile. ``say`` is told each step.
+
+    The existing rows become the first partition, which ends where the first day begins:
+    tomorrow, or ``start`` (an earlier date gives an empty outbox the past days a test or a
+    benchmark fills: ``delivery.testing.fill``)."""
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if is_partitioned(conn):
             raise ValueError("the outbox is already partitioned")
         sequence = conn.scalar(text("SELECT pg_get_serial_sequence('delivery_messages', 'id')"))
-        first_day = _today(conn) + 1
+        today = _today(conn)
+        first_day = today + 1 if start is None else min(day_of(start), today + 1)
         high = _bound(first_day)
         say("keys table and functions")
         conn.execute(text(_KEYS))
@@ -299,12 +301,12 @@ def partition(
                 break
             last = more - 1
     say("swap (the pipeline waits)")
-    pause, created, tail = _swap(engine, first_day, last)
+    pause, created, tail = _swap(engine, range(first_day, today + AHEAD + 1), last)
     return Conversion(keys + tail, pause, created)
 
 
-def _swap(engine: Engine, first_day: int, last: int) -> tuple[float, list[str], int]:
-    high = _bound(first_day)
+def _swap(engine: Engine, days: range, last: int) -> tuple[float, list[str], int]:
+    high = _bound(days.start)
     with engine.begin() as conn:
         conn.execute(text(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'"))
         conn.execute(text("SET LOCAL statement_timeout = '60s'"))
@@ -323,7 +325,8 @@ def _swap(engine: Engine, first_day: int, last: int) -> tuple[float, list[str], 
             _swap_table(conn, table, column, high)
         conn.execute(
             text(
-                "ALTER TABLE delivery_messages ALTER COLUMN id SET DEFAULT delivery_message_id(now())"
+                "ALTER TABLE delivery_messages ALTER COLUMN id "
+                "SET DEFAULT delivery_message_id(now())"
             )
         )
         conn.execute(
@@ -332,11 +335,8 @@ def _swap(engine: Engine, first_day: int, last: int) -> tuple[float, list[str], 
                 "FOR EACH ROW EXECUTE FUNCTION delivery_claim_key()"
             )
         )
-        created = [
-            name for day in range(first_day, first_day + AHEAD) if (name := _create_day(conn, day))
-        ]
         pause = time.monotonic() - started
-    return pause, created, tail
+    return pause, _create_days(engine, days), tail
 
 
 def _swap_table(conn: Connection, table: str, column: str, high: int) -> None:
@@ -411,13 +411,13 @@ def _create_day(conn: Connection, day: int) -> str | None:
     return f"delivery_messages_{name}"
 
 
-_OPEN = ("pending", "dispatched", "sending")
-
-
-def drop_day(engine: Engine, day: Day, cutoff: dt.datetime, finals: Sequence[str]) -> Dropped:
+def drop_day(
+    engine: Engine, day: Day, cutoff: dt.datetime, finals: Sequence[str], *, dry_run: bool = False
+) -> Dropped:
     """Drop ``day`` (its messages, attempts and receipts) if ``prune`` would delete every
     message in it (a status of ``finals``, last changed before ``cutoff``); else keep it and
-    say why. Its keys are then deleted (a key of a dropped message is free again)."""
+    say why. Its keys are then deleted (a key of a dropped message is free again). With
+    ``dry_run``, say what would happen."""
     suffix = day.suffix
     with engine.begin() as conn:
         conn.execute(text(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'"))
@@ -445,6 +445,8 @@ def drop_day(engine: Engine, day: Day, cutoff: dt.datetime, finals: Sequence[str
             return Dropped(day, False, kept=kept)
         messages = int(conn.scalar(text(f"SELECT count(*) FROM {day.name}")) or 0)
         attempts = int(conn.scalar(text(f"SELECT count(*) FROM delivery_attempts_{suffix}")) or 0)
+        if dry_run:
+            return Dropped(day, True, messages, attempts)
         conn.execute(
             text(f"DROP TABLE delivery_receipts_{suffix}, delivery_attempts_{suffix}, {day.name}")
         )

@@ -1,15 +1,16 @@
 """The relay and the sweeper, run by ``celery beat`` itself.
 
-``celery -A delivery.worker beat`` starts two threads in the beat process (``beat_init``): the relay
-(publish due rows, every ``relay_interval`` s, as many as each broker queue has room for:
-``delivery.relay.backpressure``; and renew the leases of the rows whose tasks still wait in
-a queue: ``delivery.sending.leases.renew_queued``) and the sweeper (expired leases and
-time-to-live, every ``sweep_interval`` s). They talk to the database and publish to the
-broker directly, so they never wait for a free slot in a worker, never sit in a queue behind
-sends, never show in Flower, and never depend on a relay *task* reaching a worker: after the
-broker restarts or loses its state, the next tick publishes again. A failing tick (database
-or broker unreachable) is logged and the loop goes on; one error is logged with its
-traceback, repeats only once a minute.
+``celery -A delivery.worker beat`` starts its threads in the beat process (``beat_init``): the
+relay (publish due rows, every ``relay_interval`` s, as many as each broker queue has room
+for: ``delivery.relay.backpressure``; and renew the leases of the rows whose tasks still wait
+in a queue: ``delivery.sending.leases.renew_queued``), the sweeper (expired leases and
+time-to-live, every ``sweep_interval`` s) and, on a partitioned outbox, the coming days'
+partitions (every hour: ``delivery.runtime.partitions.ensure_ahead``). They talk to the
+database and publish to the broker directly, so they never wait for a free slot in a worker,
+never sit in a queue behind sends, never show in Flower, and never depend on a relay *task*
+reaching a worker: after the broker restarts or loses its state, the next tick publishes
+again. A failing tick (database or broker unreachable) is logged and the loop goes on; one
+error is logged with its traceback, repeats only once a minute.
 
 ``delivery.relay`` and ``delivery.sweep`` are also Celery tasks, for running one pass by hand
 (``celery -A delivery.worker call delivery.relay``); beat does not schedule them.
@@ -30,6 +31,7 @@ from celery.signals import beat_init
 from delivery.relay.backpressure import Backpressure
 from delivery.relay.claims import Claim, relay_once
 from delivery.relay.sweeper import sweep as sweep_once
+from delivery.runtime.partitions import ensure_ahead
 from delivery.sending.leases import renew_queued
 from delivery.worker.app import QUEUES, app, service
 from delivery.worker.metrics import metrics
@@ -37,7 +39,9 @@ from delivery.worker.publish import publish
 
 __all__ = [
     "FLOOR",
+    "PARTITIONS_EVERY",
     "Loop",
+    "partitions_pass",
     "queue_depths",
     "relay",
     "relay_pass",
@@ -52,6 +56,8 @@ log = logging.getLogger("delivery.beat")
 ERROR_EVERY = 60.0
 #: Back-pressure: a queue may always hold this many tasks (or relay_batch, if smaller).
 FLOOR = 100
+#: How often beat makes sure the coming days' partitions exist (seconds).
+PARTITIONS_EVERY = 3600.0
 
 
 def queue_depths() -> dict[str, int | None]:
@@ -123,6 +129,14 @@ def sweep_pass() -> dict[str, int]:
     return done
 
 
+def partitions_pass() -> list[str]:
+    """Create the coming days' partitions that are missing (a partitioned outbox only)."""
+    created = ensure_ahead(service().engine)
+    if created:
+        log.info("partitions created ahead: %s", ", ".join(created))
+    return created
+
+
 @app.task(name="delivery.relay", ignore_result=True, acks_late=False)  # type: ignore[untyped-decorator]
 def relay() -> int:
     return relay_pass()
@@ -189,6 +203,7 @@ def start_loops() -> list[Loop]:
             [
                 Loop("relay", settings.relay_interval, relay_pass),
                 Loop("sweep", settings.sweep_interval, sweep_pass),
+                Loop("partitions", PARTITIONS_EVERY, partitions_pass),
             ]
         )
         for loop in _loops:
