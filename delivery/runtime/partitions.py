@@ -280,32 +280,42 @@ def partition(
                         f"{name}_p0 {definition}"
                     )
                 )
-        keys, last = 0, 0
         say("keys of the existing messages")
-        while True:
-            done = conn.execute(
-                text(
-                    "WITH k AS (INSERT INTO delivery_keys (key, message_id) "
-                    "SELECT key, id FROM delivery_messages WHERE id > :last AND id <= :upto "
-                    "ON CONFLICT (key) DO NOTHING RETURNING 1) SELECT count(*) FROM k"
-                ),
-                {"last": last, "upto": last + batch},
-            ).scalar_one()
+        # From here on each new message claims its key; then every earlier one's is recorded
+        # (a key claimed meanwhile for a message its unique index refused is corrected).
+        conn.execute(text("SET lock_timeout = '5s'"))
+        conn.execute(text(_TRIGGER))
+        conn.execute(text("RESET lock_timeout"))
+        top = conn.scalar(text("SELECT max(id) FROM delivery_messages")) or 0
+        keys, last = 0, 0
+        while last < top:
+            last, done = conn.execute(
+                text(_BACKFILL), {"last": last, "top": top, "batch": batch}
+            ).one()
             keys += done
-            more = conn.scalar(
-                text("SELECT min(id) FROM delivery_messages WHERE id > :upto"),
-                {"upto": last + batch},
-            )
-            if more is None:
-                last = last + batch
-                break
-            last = more - 1
     say("swap (the pipeline waits)")
-    pause, created, tail = _swap(engine, range(first_day, today + AHEAD + 1), last)
-    return Conversion(keys + tail, pause, created)
+    pause, created = _swap(engine, range(first_day, today + AHEAD + 1))
+    return Conversion(keys, pause, created)
 
 
-def _swap(engine: Engine, days: range, last: int) -> tuple[float, list[str], int]:
+_TRIGGER = (
+    "CREATE TRIGGER delivery_claim_key BEFORE INSERT ON delivery_messages "
+    "FOR EACH ROW EXECUTE FUNCTION delivery_claim_key()"
+)
+_BACKFILL = """
+WITH b AS (
+  SELECT key, id FROM delivery_messages WHERE id > :last AND id <= :top ORDER BY id LIMIT :batch
+), k AS (
+  INSERT INTO delivery_keys (key, message_id) SELECT key, id FROM b
+  ON CONFLICT (key) DO UPDATE SET message_id = EXCLUDED.message_id
+  WHERE NOT EXISTS (SELECT 1 FROM delivery_messages m WHERE m.id = delivery_keys.message_id)
+  RETURNING 1
+)
+SELECT coalesce((SELECT max(id) FROM b), :top), (SELECT count(*) FROM k)
+"""
+
+
+def _swap(engine: Engine, days: range) -> tuple[float, list[str]]:
     high = _bound(days.start)
     with engine.begin() as conn:
         conn.execute(text(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'"))
@@ -313,14 +323,7 @@ def _swap(engine: Engine, days: range, last: int) -> tuple[float, list[str], int
         tables = ", ".join(table for table, _ in TABLES)
         started = time.monotonic()
         conn.execute(text(f"LOCK TABLE {tables} IN ACCESS EXCLUSIVE MODE"))
-        tail = conn.execute(
-            text(
-                "WITH k AS (INSERT INTO delivery_keys (key, message_id) "
-                "SELECT key, id FROM delivery_messages WHERE id > :last "
-                "ON CONFLICT (key) DO NOTHING RETURNING 1) SELECT count(*) FROM k"
-            ),
-            {"last": last},
-        ).scalar_one()
+        conn.execute(text("DROP TRIGGER delivery_claim_key ON delivery_messages"))
         for table, column in TABLES:
             _swap_table(conn, table, column, high)
         conn.execute(
@@ -329,14 +332,9 @@ def _swap(engine: Engine, days: range, last: int) -> tuple[float, list[str], int
                 "SET DEFAULT delivery_message_id(now())"
             )
         )
-        conn.execute(
-            text(
-                "CREATE TRIGGER delivery_claim_key BEFORE INSERT ON delivery_messages "
-                "FOR EACH ROW EXECUTE FUNCTION delivery_claim_key()"
-            )
-        )
+        conn.execute(text(_TRIGGER))
         pause = time.monotonic() - started
-    return pause, _create_days(engine, days), tail
+    return pause, _create_days(engine, days)
 
 
 def _swap_table(conn: Connection, table: str, column: str, high: int) -> None:
@@ -394,18 +392,20 @@ def _unique(index: str) -> str:
 
 
 def _create_day(conn: Connection, day: int) -> str | None:
-    """Create the partitions of ``day`` unless they exist; the new messages partition's name.
-    Each table is created empty and attached: ``ATTACH`` takes a lock that lets the pipeline
-    go on (``CREATE .. PARTITION OF`` would stop it)."""
-    name = f"p{(_EPOCH + dt.timedelta(days=day)):%Y%m%d}"
-    if conn.scalar(text(f"SELECT to_regclass('delivery_messages_{name}')")):
+    """Create the partitions of ``day`` unless its ids have one (its own, or the first one's,
+    which ends where the first day begins); the new messages partition's name. Each table is
+    created empty and attached: ``ATTACH`` takes a lock that lets the pipeline go on
+    (``CREATE .. PARTITION OF`` would stop it)."""
+    low, high = _bound(day), _bound(day + 1)
+    if any((have.low is None or have.low < high) and low < have.high for have in listing(conn)):
         return None
+    name = f"p{(_EPOCH + dt.timedelta(days=day)):%Y%m%d}"
     for table, _ in TABLES:
         conn.execute(
             text(
                 f"CREATE TABLE {table}_{name} (LIKE {table} INCLUDING DEFAULTS); "
                 f"ALTER TABLE {table} ATTACH PARTITION {table}_{name} "
-                f"FOR VALUES FROM ({_bound(day)}) TO ({_bound(day + 1)})"
+                f"FOR VALUES FROM ({low}) TO ({high})"
             )
         )
     return f"delivery_messages_{name}"
