@@ -8,6 +8,7 @@ in-memory provider *without* dedupe that implements the adapter protocol and cou
 from __future__ import annotations
 
 import datetime as dt
+import itertools
 from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
@@ -40,7 +41,8 @@ def fence_engine() -> Iterator[Engine]:
     from delivery.runtime.db import make_engine, upgrade
 
     engine = make_engine(f"{PG_SERVER}/{FENCE_DB}")
-    upgrade(engine)
+    upgrade(engine, partition=False)
+    split_today(engine)
     yield engine
     engine.dispose()
     with admin.connect() as conn:
@@ -56,8 +58,31 @@ def fence_db(fence_engine: Engine) -> Engine:
 
 
 def wipe(engine: Engine) -> None:
+    """Empty the outbox; ids start again at the first of today's small partitions."""
     with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
+        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES} RESTART IDENTITY"))
+
+
+def split_today(engine: Engine, size: int = 4, count: int = 50) -> None:
+    """Partition the outbox by day from today (``delivery.runtime.partitions``), with today's
+    first ``size * count`` ids cut into partitions of ``size``: a run's messages, attempts and
+    receipts land in many partitions, as over many days."""
+    from delivery.runtime import partitions
+
+    today = dt.datetime.now(dt.UTC).date()
+    partitions.partition(engine, start=today)
+    base = partitions.day_of(today) << 32
+    cuts = [base + size * i for i in range(count + 1)] + [base + (1 << 32)]
+    with engine.begin() as conn:
+        for table, _ in partitions.TABLES:
+            conn.execute(text(f"DROP TABLE {table}_p{today:%Y%m%d}"))
+            for i, (low, high) in enumerate(itertools.pairwise(cuts)):
+                conn.execute(
+                    text(
+                        f"CREATE TABLE {table}_today{i} PARTITION OF {table} "
+                        f"FOR VALUES FROM ({low}) TO ({high})"
+                    )
+                )
 
 
 Hook = Callable[[Envelope], None]

@@ -1,7 +1,8 @@
 """The state machine, proven (issue 12, section 7): hypothesis drives every step of the
 pipeline in any order against real PostgreSQL and checks the invariants after each.
 
-Steps: ``enqueue`` (committed or rolled back), the relay's claim, a worker's attempt with any
+Steps: ``enqueue`` (committed or rolled back), the same key enqueued again (same payload or
+another, committed or rolled back), the relay's claim, a worker's attempt with any
 class of provider answer (delivered, retryable, in progress, permanent, lost after taking
 effect, unknown without effect, refused before acting, an error after acting) or a crash
 (before or after the provider acted, during a lookup), a worker that stalls inside the
@@ -18,7 +19,10 @@ Invariants, after every step:
 - every committed message is in the outbox (rolled back ones are not), and is final or
   scheduled: ``pending`` with a due time, ``dispatched``/``sending`` with a lease;
 - the attempt count (the fence) never goes back and never passes ``max_attempts``;
-- no row is ``sending`` without a lease; final rows hold none.
+- no row is ``sending`` without a lease; final rows hold none;
+- one message per key, and the keys table names it: the outbox is partitioned by day, and
+  its today is cut into partitions of four ids (``fence_kit.split_today``), so a key's second
+  enqueue runs in another partition than its first (issue 29).
 
 Only the provider is a stand-in (an in-memory stub of its protocol); the relay, sender,
 settle, sweeper and ops functions are the real ones, on a database of their own.
@@ -53,7 +57,7 @@ from delivery.config.settings import Backoff
 from delivery.core import outcomes
 from delivery.core.models import messages_table
 from delivery.core.status import FINAL, Status
-from delivery.errors import MessageNotFound
+from delivery.errors import IdempotencyConflict, MessageNotFound
 from delivery.ops.repair import cancel, redrive, resolve
 from delivery.outbox import enqueue as outbox
 from delivery.providers.base import Envelope
@@ -177,6 +181,8 @@ class OutboxMachine(RuleBasedStateMachine):
         delivery.configure(self.service.settings)  # the operators' redrive follows the route
         self.tasks: list[Claim] = []  # every task ever published: duplicates are possible
         self.committed: dict[str, str] = {}  # key -> policy
+        self.policies: dict[str, str] = {}  # every key enqueued -> its policy
+        self.bodies: dict[str, str] = {}  # every key enqueued -> its (committed) payload's body
         self.fence: dict[str, int] = {}  # key -> highest attempt count seen
         self.stalled: list[tuple[threading.Thread, threading.Event]] = []
         self.n = 0
@@ -198,22 +204,41 @@ class OutboxMachine(RuleBasedStateMachine):
     def _enqueue(self, policy: str, commit: bool) -> str:
         self.n += 1
         key = f"sm-{self.n}"
+        self._add(key, f"code {self.n}", policy, commit)
+        return key
+
+    def _add(self, key: str, body: str, policy: str, commit: bool) -> None:
+        self.policies.setdefault(key, policy)
+        self.bodies.setdefault(key, body)
         with Session(self.engine) as session:
-            delivery.enqueue(
+            message = delivery.enqueue(
                 session,
                 channel="sms",
                 to="+12015550123",
-                payload={"body": f"code {self.n}"},
+                payload={"body": body},
                 key=key,
                 on_unknown=policy,
                 max_attempts=3,
             )
+            assert message.key == key
             if commit:
                 session.commit()
-                self.committed[key] = policy
+                self.committed[key], self.bodies[key] = policy, body
             else:
                 session.rollback()
-        return key
+
+    @rule(key=keys, same=st.booleans(), commit=st.booleans())
+    def enqueue_again(self, key: str, same: bool, commit: bool) -> None:
+        """A key enqueued again: its message (same payload), ``IdempotencyConflict`` (another
+        payload, the first committed), or a new message (the first rolled back)."""
+        body = self.bodies[key] if same else f"another body {self.n}"
+        existed = key in self.committed
+        try:
+            self._add(key, body, self.policies[key], commit)
+        except IdempotencyConflict:
+            assert existed and not same
+        else:
+            assert same or not existed
 
     @rule()
     def relay(self) -> None:
@@ -349,6 +374,23 @@ class OutboxMachine(RuleBasedStateMachine):
             if n > 1 and self.committed.get(k) in ("lookup", "give_up")
         }
         assert not twice, f"duplicate effects: {twice}"
+
+    @invariant()
+    def one_message_per_key_named_by_the_keys_table(self) -> None:
+        with self.engine.connect() as conn:
+            unnamed = conn.scalar(
+                text(
+                    "SELECT count(*) FROM delivery_messages m WHERE NOT EXISTS (SELECT 1 "
+                    "FROM delivery_keys k WHERE k.key = m.key AND k.message_id = m.id)"
+                )
+            )
+            twice = conn.scalar(
+                text(
+                    "SELECT count(*) FROM (SELECT key FROM delivery_messages "
+                    "GROUP BY key HAVING count(*) > 1) AS t"
+                )
+            )
+        assert (unnamed, twice) == (0, 0)
 
     @invariant()
     def committed_messages_are_final_or_scheduled(self) -> None:
