@@ -183,6 +183,7 @@ class OutboxMachine(RuleBasedStateMachine):
         self.committed: dict[str, str] = {}  # key -> policy
         self.policies: dict[str, str] = {}  # every key enqueued -> its policy
         self.bodies: dict[str, str] = {}  # every key enqueued -> its (committed) payload's body
+        self.others = 0  # payloads no key had before
         self.fence: dict[str, int] = {}  # key -> highest attempt count seen
         self.stalled: list[tuple[threading.Thread, threading.Event]] = []
         self.n = 0
@@ -231,7 +232,8 @@ class OutboxMachine(RuleBasedStateMachine):
     def enqueue_again(self, key: str, same: bool, commit: bool) -> None:
         """A key enqueued again: its message (same payload), ``IdempotencyConflict`` (another
         payload, the first committed), or a new message (the first rolled back)."""
-        body = self.bodies[key] if same else f"another body {self.n}"
+        self.others += 1
+        body = self.bodies[key] if same else f"another body {self.others}"
         existed = key in self.committed
         try:
             self._add(key, body, self.policies[key], commit)
