@@ -132,10 +132,12 @@ def fresh_database(name: str = PG_DB) -> Any:
 
 
 def _outbox_tables() -> str:
-    """Every table of the outbox, from its models (none left out of a TRUNCATE or a DROP)."""
+    """Every table of the outbox, from its models and a partitioned outbox's keys table (none
+    left out of a TRUNCATE or a DROP)."""
     from delivery.core.models import Base
+    from delivery.runtime.partitions import KEYS_TABLE
 
-    return ", ".join(table.name for table in reversed(Base.metadata.sorted_tables))
+    return ", ".join([KEYS_TABLE, *(table.name for table in reversed(Base.metadata.sorted_tables))])
 
 
 def truncate(engine: Any) -> None:

@@ -1,12 +1,14 @@
 """Retention (issue 29): what ``delivery prune`` costs on a large outbox, and what space it
-gives back. Today's baseline, measured the way a user runs it: the half of issue 29's
-figures that a partitioned outbox is to be compared with, in the same run, once it exists.
+gives back, on an outbox partitioned by day against one that is not, in the same run.
 
-An outbox of ``--messages`` (2,000,000) spread over the last 20 days (``delivery.testing.fill``:
-mostly ``sent``, some ``dead``, ``unknown`` and open ``pending`` ones), each with one attempt
-row, in a database of its own; then ``delivery prune --older-than 10d`` as a subprocess (its
-batches of 1,000, as shipped), timed, with the tables' size before and after (PostgreSQL's
-``pg_total_relation_size``: messages and attempts with their indexes).
+Each shape gets a database of its own and the same outbox: ``--messages`` (2,000,000) spread
+over the last 20 days (``delivery.testing.fill``: mostly ``sent``, some ``dead`` and
+``unknown``; its ``pending`` ones older than a day made ``sent``, as a live outbox's are),
+each with one attempt row. The partitioned one is partitioned from 21 days ago (its rows
+carry the ids of their days, as if inserted then). Then ``delivery prune --older-than 10d``
+as a subprocess (as shipped), timed, with the tables' size before and after (PostgreSQL's
+``pg_total_relation_size`` of messages and attempts, their partitions and indexes). On the
+partitioned outbox the cutoff is rounded down to midnight: it prunes up to a day less.
 
     python -m bench.retention [--messages 2000000]
 """
@@ -24,89 +26,133 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from bench.common import PG_DB, PG_SERVER, ROOT, fresh_database, log, report, row
+from bench.common import BROKER_URL, PG_DB, PG_SERVER, ROOT, log, report, row
+from delivery.runtime import partitions
+from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.fill import fill_outbox
 
 DAYS = 20
 OLDER_THAN = "10d"
 TABLES = ("delivery_messages", "delivery_attempts")
+SHAPES = ("unpartitioned", "partitioned")
+_SIZE = """
+SELECT coalesce(sum(pg_total_relation_size(c.oid)), 0)::bigint FROM pg_class c
+WHERE c.oid = to_regclass(:t)
+   OR c.oid IN (SELECT inhrelid FROM pg_inherits WHERE inhparent = to_regclass(:t))
+"""
 
 
 def _size(engine: Any) -> int:
     with engine.connect() as conn:
-        return sum(
-            int(conn.scalar(text("SELECT pg_total_relation_size(:t)"), {"t": t})) for t in TABLES
-        )
+        return sum(int(conn.scalar(text(_SIZE), {"t": t})) for t in TABLES)
 
 
 def _mb(size: int) -> str:
     return f"{size / 1024 / 1024:,.0f} MB"
 
 
+def _admin(sql: str) -> None:
+    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(sql))
+    admin.dispose()
+
+
+def _filled(name: str, shape: str, messages: int) -> Any:
+    _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    _admin(f"CREATE DATABASE {name}")
+    engine = make_engine(f"{PG_SERVER}/{name}")
+    upgrade(engine, partition=False)
+    if shape == "partitioned":
+        start = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=DAYS + 1)
+        partitions.partition(engine, start=start)
+    with engine.begin() as conn:
+        fill_outbox(conn, messages, dt.timedelta(days=DAYS) / messages)
+        conn.execute(
+            text(
+                "UPDATE delivery_messages SET status = 'sent' "
+                "WHERE status = 'pending' AND created_at < now() - interval '1 day'"
+            )
+        )
+        conn.execute(
+            text(
+                "INSERT INTO delivery_attempts (message_id, number, kind, provider, "
+                "started_at, outcome, http_status) SELECT id, 1, 'send', provider, "
+                "created_at, 'delivered', 201 FROM delivery_messages"
+            )
+        )
+    with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
+        conn.execute(text("VACUUM ANALYZE"))
+    return engine
+
+
+def _prune(name: str, engine: Any) -> dict[str, Any]:
+    before = _size(engine)
+    load = os.getloadavg()
+    env = {
+        **os.environ,
+        "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{name}",
+        "DELIVERY_BROKER_URL": BROKER_URL,
+    }
+    env.pop("DELIVERY_CONFIG", None)
+    argv = [sys.executable, "-m", "delivery.cli", "prune", "--older-than", OLDER_THAN, "--json"]
+    started = time.monotonic()
+    done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, check=True)
+    seconds = time.monotonic() - started
+    pruned = json.loads(done.stdout)
+    after = _size(engine)
+    return {
+        "messages": pruned["messages"],
+        "attempts": pruned["attempts"],
+        "days_dropped": len(pruned["days_dropped"]),
+        "days_kept": pruned["days_kept"],
+        "seconds": round(seconds, 2),
+        "size_before": before,
+        "size_after": after,
+        "load": [round(x, 2) for x in load],
+    }
+
+
+def _said(f: dict[str, Any]) -> str:
+    dropped = f" ({f['days_dropped']} days dropped)" if f["days_dropped"] else ""
+    return (
+        f"{f['messages']:,} messages{dropped} and {f['attempts']:,} attempts in "
+        f"{f['seconds']:,.2f} s ({f['messages'] / f['seconds']:,.0f} messages/s); messages + "
+        f"attempts {_mb(f['size_before'])} before, {_mb(f['size_after'])} after (load "
+        f"{' '.join(f'{x:.2f}' for x in f['load'])})"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=2_000_000)
     args = parser.parse_args()
-    name = f"{PG_DB}_retention"
-    engine = fresh_database(name)
-    try:
-        log(f"filling {args.messages:,} messages over {DAYS} days, one attempt each")
+    figures: dict[str, Any] = {"messages": args.messages}
+    for shape in SHAPES:
+        name = f"{PG_DB}_retention_{shape}"
+        log(f"{shape}: filling {args.messages:,} messages over {DAYS} days, one attempt each")
         started = time.monotonic()
-        with engine.begin() as conn:
-            spacing = dt.timedelta(days=DAYS) / args.messages
-            fill_outbox(conn, args.messages, spacing)
-            conn.execute(
-                text(
-                    "INSERT INTO delivery_attempts (message_id, number, kind, provider, "
-                    "started_at, outcome, http_status) SELECT id, 1, 'send', provider, "
-                    "created_at, 'delivered', 201 FROM delivery_messages"
-                )
-            )
-        with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
-            for table in TABLES:
-                conn.execute(text(f"VACUUM ANALYZE {table}"))
-        log(f"  filled in {time.monotonic() - started:.0f} s")
-        before = _size(engine)
-        load = os.getloadavg()
-        env = {**os.environ, "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{name}"}
-        argv = [sys.executable, "-m", "delivery.cli", "prune", "--older-than", OLDER_THAN]
-        log(f"delivery prune --older-than {OLDER_THAN}")
-        started = time.monotonic()
-        done = subprocess.run(
-            [*argv, "--json"], env=env, cwd=ROOT, capture_output=True, text=True, check=True
+        engine = _filled(name, shape, args.messages)
+        log(f"  filled in {time.monotonic() - started:.0f} s; delivery prune --older-than 10d")
+        try:
+            figures[shape] = _prune(name, engine)
+        finally:
+            engine.dispose()
+            _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+        log(f"  {_said(figures[shape])}")
+    new, old = figures["partitioned"], figures["unpartitioned"]
+    rows = [
+        row(
+            f"`delivery prune --older-than {OLDER_THAN}` on {args.messages:,} messages over "
+            f"{DAYS} days (one attempt each): partitioned by day vs not",
+            old["seconds"] / new["seconds"],
+            "<= 5 s, space returned",
+            new["seconds"] <= 5 and new["size_after"] < new["size_before"],
+            _said(new),
+            _said(old),
         )
-        seconds = time.monotonic() - started
-        pruned = json.loads(done.stdout)
-        after = _size(engine)
-        log(f"  {pruned} in {seconds:.1f} s; {_mb(before)} -> {_mb(after)}")
-        figures = {
-            "messages": args.messages,
-            "pruned": pruned,
-            "seconds": round(seconds, 1),
-            "size_before": before,
-            "size_after": after,
-            "load": [round(x, 2) for x in load],
-        }
-        rows = [
-            row(
-                f"`delivery prune --older-than {OLDER_THAN}` on {args.messages:,} messages over "
-                f"{DAYS} days (one attempt each), unpartitioned: today's baseline",
-                None,
-                "issue 29: <= 5 s, space returned",
-                seconds <= 5 and after < before,
-                f"{pruned['messages']:,} messages and {pruned['attempts']:,} attempts in "
-                f"{seconds:,.1f} s ({pruned['messages'] / seconds:,.0f} messages/s); messages + "
-                f"attempts {_mb(before)} before, {_mb(after)} after (load "
-                f"{' '.join(f'{x:.2f}' for x in load)})",
-            )
-        ]
-        report("retention", figures, rows, engine)
-    finally:
-        engine.dispose()
-        admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
+    ]
+    report("retention", figures, rows)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ from typing import Any
 from sqlalchemy.orm import Session
 
 from delivery.core.models import Attempt, Base, Message, utcnow
+from delivery.runtime.partitions import KEYS_TABLE
 
 RECIPIENT = "+15555550123"
 #: Every status, in the order ``stats`` reports them: the shape scripts read (``--json``).
@@ -30,7 +31,7 @@ STATUSES = [
 #: Every table of the outbox, the keys table of a partitioned one included (PostgreSQL's
 #: test outboxes are: ``delivery.runtime.partitions``).
 OUTBOX_TABLES = ", ".join(
-    ["delivery_keys", *(table.name for table in reversed(Base.metadata.sorted_tables))]
+    [KEYS_TABLE, *(table.name for table in reversed(Base.metadata.sorted_tables))]
 )
 
 

@@ -37,6 +37,7 @@ from sqlalchemy import Connection, Engine, text
 
 __all__ = [
     "AHEAD",
+    "KEYS_TABLE",
     "TABLES",
     "Conversion",
     "Day",
@@ -55,6 +56,8 @@ TABLES = (
     ("delivery_attempts", "message_id"),
     ("delivery_receipts", "message_id"),
 )
+#: The table of a partitioned outbox's idempotency keys (one row per message).
+KEYS_TABLE = "delivery_keys"
 #: Days of partitions kept ready beyond today.
 AHEAD = 7
 _SHIFT = 32
