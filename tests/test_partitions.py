@@ -252,6 +252,35 @@ def test_prune_drops_whole_days_and_keeps_a_day_holding_a_message_it_must_not_de
     assert all(m.id >> 32 == partitions.day_of(dt.datetime.now(dt.UTC)) for m in again)
 
 
+def test_a_day_whose_rows_are_being_changed_is_kept_until_the_next_prune(
+    own: tuple[Engine, dict[str, str]],
+) -> None:
+    """A transaction changing a row of an old day holds it: ``prune`` waits half a second for
+    that day, keeps it (``busy``), drops the others; once the transaction ends, the next
+    ``prune`` drops it."""
+    engine, env = own
+    today = dt.datetime.now(dt.UTC).date()
+    partitions.partition(engine, start=today - dt.timedelta(days=6))
+    with engine.begin() as conn:
+        fill_outbox(conn, 600, dt.timedelta(days=5) / 600)
+        conn.execute(text("UPDATE delivery_messages SET status = 'sent'"))
+        conn.execute(text("UPDATE delivery_messages SET updated_at = created_at"))
+    busy = f"p{today - dt.timedelta(days=4):%Y%m%d}"
+    with engine.connect() as holder:
+        holder.execute(
+            text(
+                f"UPDATE delivery_messages_{busy} SET last_error = NULL WHERE id = "
+                f"(SELECT min(id) FROM delivery_messages_{busy})"
+            )
+        )
+        first = json.loads(cli(env, "prune", "--older-than", "2d", "--json"))
+        holder.rollback()
+    assert first["days_kept"] == {busy: {"busy": 1}}
+    assert busy not in first["days_dropped"] and len(first["days_dropped"]) >= 3
+    second = json.loads(cli(env, "prune", "--older-than", "2d", "--json"))
+    assert second["days_dropped"] == [busy] and second["days_kept"] == {}
+
+
 _ENQUEUER = """
 import sys
 from sqlalchemy.orm import Session

@@ -76,7 +76,9 @@ def prune_command(cutoff: dt.datetime, batch: int, dry_run: bool, as_json: bool)
         echo_json(report)
         return
     for day in days:
-        if not day.dropped:
+        if "busy" in day.kept:
+            click.echo(f"kept day {day.day.suffix}: its tables stayed locked (tried next time)")
+        elif not day.dropped:
             why = ", ".join(
                 f"{count} {_KEPT.get(status, status)}" for status, count in sorted(day.kept.items())
             )

@@ -34,6 +34,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
 
 __all__ = [
     "AHEAD",
@@ -65,6 +66,7 @@ _SHIFT = 32
 #: shorter than ``deadlock_timeout`` (1 s), so that it, never a worker, is the one to give up.
 _LOCK_TIMEOUT = "500ms"
 _EPOCH = dt.date(1970, 1, 1)
+_LOCK_NOT_AVAILABLE = "55P03"
 
 _FUNCTIONS = """
 CREATE OR REPLACE FUNCTION delivery_message_id(at timestamptz) RETURNS bigint
@@ -157,7 +159,7 @@ class Dropped:
     """What ``drop_day`` did with one day: ``dropped`` it (or would, in a dry run: its
     ``messages`` and ``attempts``), or kept it because of the messages ``prune`` would not
     delete (``kept``: their count per status, and ``changed``: final messages changed since
-    the cutoff)."""
+    the cutoff), or because its tables stayed locked (``busy``: tried again next time)."""
 
     day: Day
     dropped: bool
@@ -422,37 +424,46 @@ def drop_day(
     say why. Its keys are then deleted (a key of a dropped message is free again). With
     ``dry_run``, say what would happen."""
     suffix = day.suffix
-    with engine.begin() as conn:
-        conn.execute(text(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'"))
-        # Nobody changes a row of this day from here on (a redrive waits, then finds none).
-        conn.execute(text(f"LOCK TABLE {day.name} IN SHARE MODE"))
-        kept: dict[str, int] = dict(
+    try:
+        with engine.begin() as conn:
+            conn.execute(text(f"SET LOCAL lock_timeout = '{_LOCK_TIMEOUT}'"))
+            # Nobody changes a row of this day from here on (a redrive waits, then finds none).
+            conn.execute(text(f"LOCK TABLE {day.name} IN SHARE MODE"))
+            kept: dict[str, int] = dict(
+                conn.execute(
+                    text(
+                        f"SELECT status, count(*) FROM {day.name} "
+                        "WHERE NOT (status = ANY(:finals)) GROUP BY status"
+                    ),
+                    {"finals": list(finals)},
+                ).all()
+            )
+            changed = conn.scalar(
+                text(
+                    f"SELECT count(*) FROM {day.name} "
+                    "WHERE status = ANY(:finals) AND updated_at >= :cutoff"
+                ),
+                {"finals": list(finals), "cutoff": cutoff},
+            )
+            if changed:
+                kept["changed"] = int(changed)
+            if kept:
+                return Dropped(day, False, kept=kept)
+            messages = int(conn.scalar(text(f"SELECT count(*) FROM {day.name}")) or 0)
+            attempts = int(
+                conn.scalar(text(f"SELECT count(*) FROM delivery_attempts_{suffix}")) or 0
+            )
+            if dry_run:
+                return Dropped(day, True, messages, attempts)
             conn.execute(
                 text(
-                    f"SELECT status, count(*) FROM {day.name} "
-                    "WHERE NOT (status = ANY(:finals)) GROUP BY status"
-                ),
-                {"finals": list(finals)},
-            ).all()
-        )
-        changed = conn.scalar(
-            text(
-                f"SELECT count(*) FROM {day.name} "
-                "WHERE status = ANY(:finals) AND updated_at >= :cutoff"
-            ),
-            {"finals": list(finals), "cutoff": cutoff},
-        )
-        if changed:
-            kept["changed"] = int(changed)
-        if kept:
-            return Dropped(day, False, kept=kept)
-        messages = int(conn.scalar(text(f"SELECT count(*) FROM {day.name}")) or 0)
-        attempts = int(conn.scalar(text(f"SELECT count(*) FROM delivery_attempts_{suffix}")) or 0)
-        if dry_run:
-            return Dropped(day, True, messages, attempts)
-        conn.execute(
-            text(f"DROP TABLE delivery_receipts_{suffix}, delivery_attempts_{suffix}, {day.name}")
-        )
+                    f"DROP TABLE delivery_receipts_{suffix}, delivery_attempts_{suffix}, {day.name}"
+                )
+            )
+    except OperationalError as exc:
+        if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+            raise
+        return Dropped(day, False, kept={"busy": 1})
     with engine.begin() as conn:
         low = "" if day.low is None else f"message_id >= {day.low} AND "
         conn.execute(text(f"DELETE FROM delivery_keys WHERE {low}message_id < {day.high}"))
