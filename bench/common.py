@@ -108,12 +108,17 @@ class Order(_BenchBase):
     amount: Mapped[int] = mapped_column(Integer)
 
 
-def fresh_database(name: str = PG_DB) -> Any:
+def fresh_database(
+    name: str = PG_DB, *, partition: bool = True, since: dt.date | None = None
+) -> Any:
     """Create the benchmark database (``name``: this slot's, or a second one of its own, such
     as ``growth``'s large table) if needed, drop and re-migrate the outbox, add the business
-    table ``bench_orders``; return an engine."""
+    table ``bench_orders``; return an engine. The outbox is partitioned by day on PostgreSQL
+    as ``delivery db upgrade`` leaves it (``partition=False``: not), its days from ``since``
+    (for rows of past days: ``insert_rows(days=..)``) or from tomorrow."""
     from sqlalchemy import create_engine, text
 
+    from delivery.runtime import partitions
     from delivery.runtime.db import make_engine, upgrade
 
     admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
@@ -126,7 +131,9 @@ def fresh_database(name: str = PG_DB) -> Any:
         conn.execute(
             text(f"DROP TABLE IF EXISTS {_outbox_tables()}, alembic_version, bench_orders CASCADE")
         )
-    upgrade(engine)
+    upgrade(engine, partition=False)
+    if partition:
+        partitions.partition(engine, start=since)
     _BenchBase.metadata.create_all(engine)
     return engine
 
@@ -408,30 +415,42 @@ def insert_rows(
     prefix: str = "bench",
     start: int = 0,
     due_seconds_ago: float = 1.0,
+    days: int = 0,
 ) -> None:
     """Bulk-insert ``n`` outbox rows in one statement (``generate_series``): due ``pending``
-    rows by default, or final rows (``status='sent'``) to grow the table."""
+    rows by default, or final rows (``status='sent'``) to grow the table. ``days``: created
+    over that many days ending now, each row with an id of its day on a partitioned outbox
+    (as if inserted then: ``fresh_database(since=..)`` gives the past days' partitions)."""
     from sqlalchemy import text
 
+    from delivery.runtime import partitions
+
     sent = status == "sent"
+    created = "now()"
+    if days:
+        created = f"now() - (CAST(:last AS bigint) - i) * interval '{days * 86400 / n} seconds'"
     with engine.begin() as conn:
-        conn.execute(
-            text(
-                """
-                INSERT INTO delivery_messages (
+        dated = days and partitions.is_partitioned(conn)
+        sql = (
+            """
+                INSERT INTO delivery_messages ({id}
                     key, channel, provider, recipient, payload, payload_hash, on_unknown,
                     status, attempts, max_attempts, needs_lookup, next_attempt_at,
                     created_at, updated_at, sent_at, provider_ref)
-                SELECT :prefix || '-' || i, 'sms', 'stub',
+                SELECT {id_value}:prefix || '-' || i, 'sms', 'stub',
                        '+1201555' || lpad((i % 10000)::text, 4, '0'),
                        json_build_object('body', 'code ' || i), md5(i::text), 'retry',
                        :status, CASE WHEN CAST(:sent AS boolean) THEN 1 ELSE 0 END, 8, false,
-                       now() - make_interval(secs => CAST(:ago AS float8)), now(), now(),
+                       now() - make_interval(secs => CAST(:ago AS float8)), {created}, now(),
                        CASE WHEN CAST(:sent AS boolean) THEN now() END,
                        CASE WHEN CAST(:sent AS boolean) THEN 'msg_' || i END
                 FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS i
-                """
-            ),
+            """.replace("{id}", "id, " if dated else "")
+            .replace("{id_value}", f"delivery_message_id({created}), " if dated else "")
+            .replace("{created}", created)
+        )
+        conn.execute(
+            text(sql),
             {
                 "prefix": prefix,
                 "status": status,

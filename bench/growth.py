@@ -1,7 +1,10 @@
-"""Growth: the relay's claim cost per batch with 10,000 rows in the table, and with 1,000,000
+"""Growth: the relay's claim cost per batch with 10,000 rows in the table, and with 10,000,000
 final (``sent``) rows plus 10,000 due; the query plans; the end-to-end rate at both sizes.
 
-Rows are bulk-loaded with ``generate_series`` and the table is ``VACUUM ANALYZE``d. A claim
+The outbox is partitioned by day, as ``delivery db upgrade`` leaves a PostgreSQL one: the
+final rows were created over the last ``--days`` (30) days, each in its day's partition (as
+if inserted then), so the claim reads the due index of every day's partition. Rows are
+bulk-loaded with ``generate_series`` and the table is ``VACUUM ANALYZE``d. A claim
 batch is ``delivery.relay.claims.claim(limit=500)`` in its own transaction, commit included,
 on one held connection (as the beat relay runs it, so psycopg's server-side prepared statement and
 PostgreSQL's plan cache are in play); the 10,000 due rows give 20 batches per round, and the
@@ -16,13 +19,14 @@ between two runs more than the table's size does. Each drain also counts the out
 updates and how many were HOT (``pg_stat_user_tables``): a status change writes every index
 of the row when an indexed column changes.
 
-    python -m bench.growth [--final 1000000] [--due 10000] [--rounds 3] [--e2e-rounds 4]
-                           [--no-e2e]
+    python -m bench.growth [--final 10000000] [--days 30] [--due 10000] [--rounds 3]
+                           [--e2e-rounds 4] [--no-e2e]
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime as dt
 import os
 import re
 import time
@@ -216,7 +220,8 @@ def measure(engine: Any, due: int, rounds: int) -> dict[str, Any]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--final", type=int, default=1_000_000)
+    parser.add_argument("--final", type=int, default=10_000_000)
+    parser.add_argument("--days", type=int, default=30, help="the final rows' days")
     parser.add_argument("--due", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=3, help="claim rounds per size")
     parser.add_argument("--e2e-rounds", type=int, default=4, help="drains per size")
@@ -224,10 +229,16 @@ def main() -> None:
     args = parser.parse_args()
     large_db = f"{PG_DB}_large"
     with session() as procs:
-        engines = {"small": fresh_database(), "large": fresh_database(large_db)}
-        log(f"loading {args.final:,} final rows into {large_db}")
+        since = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=args.days + 1)
+        engines = {"small": fresh_database(), "large": fresh_database(large_db, since=since)}
+        log(f"loading {args.final:,} final rows over {args.days} days into {large_db}")
         insert_rows(
-            engines["large"], args.final, status="sent", prefix="final", due_seconds_ago=3600
+            engines["large"],
+            args.final,
+            status="sent",
+            prefix="final",
+            due_seconds_ago=3600,
+            days=args.days,
         )
         figures: dict[str, Any] = {}
         for name, engine in engines.items():
@@ -241,8 +252,8 @@ def main() -> None:
             row(
                 f"claim per 500-row batch, {large['rows']:,} vs {small['rows']:,} rows",
                 ratio,
-                "<= 1.6x",
-                ratio <= 1.6,
+                "<= 1.3x",
+                ratio <= 1.3,
                 f"{large['claim_ms_median']} ms at {large['rows']:,} rows ({large['table_size']})",
                 f"{small['claim_ms_median']} ms at {small['rows']:,} rows",
             ),
