@@ -118,7 +118,7 @@ def fresh_database(
     (for rows of past days: ``insert_rows(days=..)``) or from tomorrow."""
     from sqlalchemy import create_engine, text
 
-    from delivery.runtime import partitions
+    from delivery.runtime import conversion
     from delivery.runtime.db import make_engine, upgrade
 
     admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
@@ -133,7 +133,7 @@ def fresh_database(
         )
     upgrade(engine, partition=False)
     if partition:
-        partitions.partition(engine, start=since)
+        conversion.partition(engine, start=since)
     _BenchBase.metadata.create_all(engine)
     return engine
 

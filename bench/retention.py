@@ -27,7 +27,7 @@ from typing import Any
 from sqlalchemy import create_engine, text
 
 from bench.common import BROKER_URL, PG_DB, PG_SERVER, ROOT, log, report, row
-from delivery.runtime import partitions
+from delivery.runtime import conversion
 from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.fill import fill_outbox
 
@@ -65,7 +65,7 @@ def _filled(name: str, shape: str, messages: int) -> Any:
     upgrade(engine, partition=False)
     if shape == "partitioned":
         start = dt.datetime.now(dt.UTC).date() - dt.timedelta(days=DAYS + 1)
-        partitions.partition(engine, start=start)
+        conversion.partition(engine, start=start)
     with engine.begin() as conn:
         fill_outbox(conn, messages, dt.timedelta(days=DAYS) / messages)
         conn.execute(

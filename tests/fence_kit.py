@@ -67,10 +67,10 @@ def split_today(engine: Engine, size: int = 4, count: int = 50) -> None:
     """Partition the outbox by day from today (``delivery.runtime.partitions``), with today's
     first ``size * count`` ids cut into partitions of ``size``: a run's messages, attempts and
     receipts land in many partitions, as over many days."""
-    from delivery.runtime import partitions
+    from delivery.runtime import conversion, partitions
 
     today = dt.datetime.now(dt.UTC).date()
-    partitions.partition(engine, start=today)
+    conversion.partition(engine, start=today)
     base = partitions.day_of(today) << 32
     cuts = [base + size * i for i in range(count + 1)] + [base + (1 << 32)]
     with engine.begin() as conn:

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, inspect, text
+from sqlalchemy import Engine, create_engine, inspect, text
 
 import delivery
 from delivery.core.models import Base
@@ -89,7 +89,27 @@ def test_migrations_match_models(tmp_path: Path) -> None:
 def test_postgres_migrations_build_exactly_the_models_indexes(pg_engine: Engine) -> None:
     """On PostgreSQL the migrated tables have exactly the indexes the models declare, each
     with the same definition (columns, uniqueness, operator class, predicate): the models
-    are created in a schema of their own and the two are compared."""
+    are created in a schema of their own and the two are compared. (The migrations' shape;
+    ``delivery db upgrade`` then partitions a new outbox by day: tests/test_partitions.)"""
+    from tests.conftest import PG_DB, PG_SERVER
+
+    name = f"{PG_DB}_models"
+    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
+    with admin.connect() as conn:
+        conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        conn.execute(text(f"CREATE DATABASE {name}"))
+    flat = make_engine(f"{PG_SERVER}/{name}")
+    try:
+        upgrade(flat, partition=False)
+        _compare_indexes(flat)
+    finally:
+        flat.dispose()
+        with admin.connect() as conn:
+            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        admin.dispose()
+
+
+def _compare_indexes(pg_engine: Engine) -> None:
 
     def definitions(schema: str) -> dict[str, set[str]]:
         rows = conn.execute(

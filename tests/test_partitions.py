@@ -25,7 +25,7 @@ from sqlalchemy.orm import Session
 
 import delivery
 from delivery.errors import IdempotencyConflict
-from delivery.runtime import partitions
+from delivery.runtime import conversion, partitions
 from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.fill import fill_outbox
 from tests.conftest import OWN_BROKER_URL, PG_DB, PG_SERVER
@@ -170,7 +170,7 @@ def test_prune_drops_whole_days_and_keeps_a_day_holding_a_message_it_must_not_de
     final messages one by one: exactly what ``prune`` deletes on any outbox."""
     engine, env = own
     today = dt.datetime.now(dt.UTC).date()
-    partitions.partition(engine, start=today - dt.timedelta(days=21))
+    conversion.partition(engine, start=today - dt.timedelta(days=21))
     with engine.begin() as conn:
         fill_outbox(conn, 20_000, dt.timedelta(days=20) / 20_000)
         conn.execute(
@@ -260,7 +260,7 @@ def test_a_day_whose_rows_are_being_changed_is_kept_until_the_next_prune(
     ``prune`` drops it."""
     engine, env = own
     today = dt.datetime.now(dt.UTC).date()
-    partitions.partition(engine, start=today - dt.timedelta(days=6))
+    conversion.partition(engine, start=today - dt.timedelta(days=6))
     with engine.begin() as conn:
         fill_outbox(conn, 600, dt.timedelta(days=5) / 600)
         conn.execute(text("UPDATE delivery_messages SET status = 'sent'"))
@@ -319,7 +319,7 @@ def test_two_processes_enqueue_one_key_across_a_partition_boundary(
     rolled back, a message of its own in the second partition."""
     engine, env = own
     today = partitions.day_of(dt.datetime.now(dt.UTC))
-    partitions.partition(engine, start=dt.datetime.now(dt.UTC).date())
+    conversion.partition(engine, start=dt.datetime.now(dt.UTC).date())
     boundary = (today << 32) | 1000
     with engine.begin() as conn:
         for table, _ in partitions.TABLES:

@@ -9,7 +9,7 @@ from sqlalchemy.exc import OperationalError
 from delivery.cli.common import open_engine
 from delivery.config.loading import load_settings
 from delivery.errors import ConfigError
-from delivery.runtime import partitions
+from delivery.runtime import conversion, partitions
 from delivery.runtime.db import (
     DATABASE_VARIABLE,
     UPGRADE_HINT,
@@ -66,21 +66,23 @@ def db_partition() -> None:
     with open_engine(settings) as engine:
         if engine.dialect.name != "postgresql":
             raise ConfigError(
-                f"{DATABASE_VARIABLE} names a {engine.dialect.name} outbox: only a PostgreSQL "
-                "outbox is partitioned"
+                DATABASE_VARIABLE,
+                f"names a {engine.dialect.name} outbox: only a PostgreSQL one is partitioned",
             )
         if current_revision(engine) != head_revision():
-            raise ConfigError(f"the outbox is not at the newest revision: run {UPGRADE_HINT}")
+            raise ConfigError(
+                DATABASE_VARIABLE, f"the outbox is not at the newest revision: run {UPGRADE_HINT}"
+            )
         with engine.connect() as conn:
-            done = partitions.is_partitioned(conn)
-        if done:
+            already = partitions.is_partitioned(conn)
+        if already:
             created = partitions.ensure_ahead(engine)
             click.echo(f"already partitioned; {len(created)} days created ahead")
             return
-        conversion = partitions.partition(engine, say=lambda step: click.echo(f"  {step}"))
+        done = conversion.partition(engine, say=lambda step: click.echo(f"  {step}"))
     click.echo(
-        f"partitioned by day: {conversion.keys} keys recorded, the swap held the outbox for "
-        f"{conversion.pause_s * 1000:.0f} ms, {len(conversion.created)} days created ahead"
+        f"partitioned by day: {done.keys} keys recorded, the swap held the outbox for "
+        f"{done.pause_s * 1000:.0f} ms, {len(done.created)} days created ahead"
     )
 
 

@@ -26,6 +26,7 @@ from sqlalchemy.orm import Session
 from delivery.core.models import Message
 from delivery.core.status import Status
 from delivery.errors import InvalidFilter
+from delivery.runtime import partitions
 
 __all__ = ["FILTER_FIELDS", "MessageFilter", "Page", "matching_ids", "parse_filter", "search"]
 
@@ -162,6 +163,9 @@ def page_query(
         query = query.where(Message.last_error_code == flt.code)
     if flt.since is not None:
         query = query.where(Message.created_at >= flt.since)
+        floor = partitions.first_id(session.connection(), flt.since)
+        if floor is not None:  # partitioned by day: only the days since are read
+            query = query.where(Message.id >= floor)
     if flt.until is not None:
         query = query.where(Message.created_at < flt.until)
     if before is not None:

@@ -5,9 +5,9 @@
 - ``db``: engines, sessions, the schema migrations (``delivery/migrations``) and whether the
   outbox is usable (``check_outbox``, ``database_error``: one line naming
   ``DELIVERY_DATABASE_URL``).
-- ``partitions``: a PostgreSQL outbox partitioned by day: the conversion (``delivery db
-  partition``; a new outbox at ``delivery db upgrade``), the days created ahead, a day
-  dropped whole by ``prune``.
+- ``partitions``: a PostgreSQL outbox partitioned by day: its days, created ahead and
+  dropped whole by ``prune``; ``conversion``: an outbox converted to that shape while the
+  pipeline runs (``delivery db partition``; a new outbox at ``delivery db upgrade``).
 - ``service``: ``Service``, what one worker or relay holds: the engine, one pooled client per
   provider, the circuit breakers and the rate limits.
 - ``hooks``: the app's outcome hooks named in the settings (``[delivery] outcome_hooks``),

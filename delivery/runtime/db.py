@@ -138,7 +138,7 @@ def upgrade(engine: Engine, revision: str = "head", *, partition: bool = True) -
     PostgreSQL outbox (no message yet, at the newest revision) is then partitioned by day
     (``delivery.runtime.partitions``), unless ``partition`` is False; a filled one is left
     as it is (``delivery db partition`` converts it). Whether it was partitioned now."""
-    from delivery.runtime import partitions
+    from delivery.runtime import conversion, partitions
 
     config = _alembic_config()
     with engine.begin() as connection:
@@ -152,7 +152,7 @@ def upgrade(engine: Engine, revision: str = "head", *, partition: bool = True) -
             and connection.scalar(text("SELECT NOT EXISTS (SELECT 1 FROM delivery_messages)"))
         )
     if new:
-        partitions.partition(engine)
+        conversion.partition(engine)
     return bool(new)
 
 

@@ -33,7 +33,7 @@ FROM generate_series(1, :rows) AS i
 def fill_outbox(conn: Connection, rows: int, spacing: dt.timedelta) -> None:
     """Insert ``rows`` messages keyed ``order-N:receipt`` (N from 1) into ``conn``'s outbox.
     On a partitioned outbox each id is of its ``created_at``'s day, as if inserted then (the
-    past days' partitions must exist: ``partitions.partition(engine, start=..)``)."""
+    past days' partitions must exist: ``conversion.partition(engine, start=..)``)."""
     partitioned = partitions.is_partitioned(conn)
     sql = (
         _FILL.replace("{id}", "id, " if partitioned else "")
