@@ -154,10 +154,30 @@ def pg_engine() -> Iterator[Engine]:
 @contextmanager
 def own_outbox(name: str, run: Path, config: Path) -> Iterator[tuple[Engine, dict[str, str]]]:
     """For a test's own worker and beat: a database of its own on the suite's server
-    (``delivery_test{SLOT}_{name}``, created empty and migrated, dropped afterwards) and the
-    environment its processes take (that database, ``OWN_BROKER_URL``, this slot's state db,
-    ``config``; their home in ``run``)."""
-    from delivery.runtime.db import make_engine, upgrade
+    (``own_database``, migrated) and the environment its processes take (that database,
+    ``OWN_BROKER_URL``, this slot's state db, ``config``; their home in ``run``)."""
+    from delivery.runtime.db import upgrade
+
+    with own_database(name) as engine:
+        upgrade(engine)
+        yield (
+            engine,
+            {
+                **os.environ,
+                "DELIVERY_DATABASE_URL": engine.url.render_as_string(hide_password=False),
+                "DELIVERY_BROKER_URL": OWN_BROKER_URL,
+                "DELIVERY_REDIS_URL": REDIS_URL,
+                "DELIVERY_CONFIG": str(config),
+                "DELIVERY_HOME": str(run / "home"),
+            },
+        )
+
+
+@contextmanager
+def own_database(name: str) -> Iterator[Engine]:
+    """An empty database of a test's own on the suite's server (``delivery_test{SLOT}_{name}``,
+    dropped first if left over, and afterwards): an engine on it."""
+    from delivery.runtime.db import make_engine
 
     db = f"{PG_DB}_{name}"
     admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
@@ -165,17 +185,8 @@ def own_outbox(name: str, run: Path, config: Path) -> Iterator[tuple[Engine, dic
         conn.execute(text(f"DROP DATABASE IF EXISTS {db} WITH (FORCE)"))
         conn.execute(text(f"CREATE DATABASE {db}"))
     engine = make_engine(f"{PG_SERVER}/{db}")
-    upgrade(engine)
-    env = {
-        **os.environ,
-        "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{db}",
-        "DELIVERY_BROKER_URL": OWN_BROKER_URL,
-        "DELIVERY_REDIS_URL": REDIS_URL,
-        "DELIVERY_CONFIG": str(config),
-        "DELIVERY_HOME": str(run / "home"),
-    }
     try:
-        yield engine, env
+        yield engine
     finally:
         engine.dispose()
         with admin.connect() as conn:

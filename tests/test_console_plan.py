@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.dialects import postgresql
 from sqlalchemy.orm import Session
 
@@ -19,9 +19,9 @@ from delivery import ops
 from delivery.core.models import utcnow
 from delivery.ops.search import page_query
 from delivery.runtime import conversion
-from delivery.runtime.db import make_engine, upgrade
+from delivery.runtime.db import upgrade
 from delivery.testing.fill import fill_outbox
-from tests.conftest import PG_DB, PG_SERVER
+from tests.conftest import own_database
 
 ROWS = 300_000
 
@@ -30,23 +30,14 @@ ROWS = 300_000
 def big(pg_engine: Engine) -> Iterator[Engine]:
     """An outbox of its own, partitioned by day from five days ago, filled with ROWS messages
     one second apart (each in its day's partition); dropped afterwards."""
-    name = f"{PG_DB}_plans"
-    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    engine = make_engine(f"{PG_SERVER}/{name}")
-    upgrade(engine, partition=False)
-    conversion.partition(engine, start=utcnow().date() - dt.timedelta(days=5))
-    with engine.begin() as conn:
-        fill_outbox(conn, ROWS, dt.timedelta(seconds=1))
-    with engine.connect() as conn:
-        conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE"))
-    yield engine
-    engine.dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-    admin.dispose()
+    with own_database("plans") as engine:
+        upgrade(engine, partition=False)
+        conversion.partition(engine, start=utcnow().date() - dt.timedelta(days=5))
+        with engine.begin() as conn:
+            fill_outbox(conn, ROWS, dt.timedelta(seconds=1))
+        with engine.connect() as conn:
+            conn.execution_options(isolation_level="AUTOCOMMIT").execute(text("ANALYZE"))
+        yield engine
 
 
 def middle_id(engine: Engine) -> int:

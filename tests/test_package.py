@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, inspect, text
+from sqlalchemy import Engine, inspect, text
 
 import delivery
 from delivery.core.models import Base
@@ -91,22 +91,11 @@ def test_postgres_migrations_build_exactly_the_models_indexes(pg_engine: Engine)
     with the same definition (columns, uniqueness, operator class, predicate): the models
     are created in a schema of their own and the two are compared. (The migrations' shape;
     ``delivery db upgrade`` then partitions a new outbox by day: tests/test_partitions.)"""
-    from tests.conftest import PG_DB, PG_SERVER
+    from tests.conftest import own_database
 
-    name = f"{PG_DB}_models"
-    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    flat = make_engine(f"{PG_SERVER}/{name}")
-    try:
+    with own_database("models") as flat:
         upgrade(flat, partition=False)
         _compare_indexes(flat)
-    finally:
-        flat.dispose()
-        with admin.connect() as conn:
-            conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        admin.dispose()
 
 
 def _compare_indexes(pg_engine: Engine) -> None:

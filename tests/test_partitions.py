@@ -20,15 +20,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import Engine, create_engine, text
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import delivery
 from delivery.errors import IdempotencyConflict
 from delivery.runtime import conversion, partitions
-from delivery.runtime.db import make_engine, upgrade
+from delivery.runtime.db import upgrade
 from delivery.testing.fill import fill_outbox
-from tests.conftest import OWN_BROKER_URL, PG_DB, PG_SERVER
+from tests.conftest import OWN_BROKER_URL, own_database
 
 pytestmark = pytest.mark.integration
 
@@ -40,24 +40,15 @@ SMS = dict(channel="sms", to="+12015550123", payload={"body": "code 1"})
 def own(pg_engine: Engine) -> Iterator[tuple[Engine, dict[str, str]]]:
     """A database of this test's own, migrated but not partitioned, and the environment of a
     ``delivery`` command on it."""
-    name = f"{PG_DB}_parts"
-    admin = create_engine(f"{PG_SERVER}/postgres", isolation_level="AUTOCOMMIT")
-    with admin.connect() as conn:
-        conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-        conn.execute(text(f"CREATE DATABASE {name}"))
-    engine = make_engine(f"{PG_SERVER}/{name}")
-    upgrade(engine, partition=False)
-    env = {
-        **os.environ,
-        "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{name}",
-        "DELIVERY_BROKER_URL": OWN_BROKER_URL,
-    }
-    env.pop("DELIVERY_CONFIG", None)
-    yield engine, env
-    engine.dispose()
-    with admin.connect() as conn:
-        conn.execute(text(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
-    admin.dispose()
+    with own_database("parts") as engine:
+        upgrade(engine, partition=False)
+        env = {
+            **os.environ,
+            "DELIVERY_DATABASE_URL": engine.url.render_as_string(hide_password=False),
+            "DELIVERY_BROKER_URL": OWN_BROKER_URL,
+        }
+        env.pop("DELIVERY_CONFIG", None)
+        yield engine, env
 
 
 def cli(env: dict[str, str], *args: str) -> str:
