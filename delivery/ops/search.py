@@ -6,10 +6,12 @@
 index answers without reading the table in full, whatever its size (``tests/test_console_plan``
 shows the plans on PostgreSQL):
 
-- no filter, time range, type: the primary key, walked backwards from ``before``;
-- ``key``: the unique index ``uq_delivery_messages_key``, exact or a prefix (``order-42*``):
-  on PostgreSQL it is in ``varchar_pattern_ops`` (``LIKE 'x%'`` under any collation), on
-  SQLite a range in its binary order;
+- no filter, time range, type: the primary key, walked backwards from ``before`` (on an
+  outbox partitioned by day, a time range reads only its days: ``partitions.first_id``);
+- ``key``: the key's index (``uq_delivery_messages_key``; ``ix_delivery_messages_key`` on an
+  outbox partitioned by day), exact or a prefix (``order-42*``): on PostgreSQL it is in
+  ``varchar_pattern_ops`` (``LIKE 'x%'`` under any collation), on SQLite a range in its
+  binary order;
 - ``status``, ``provider``, ``code``: ``ix_delivery_messages_{status,provider,code}_id`` (the
   code's holds only rows with a code: ``last_error_code = :code`` implies it).
 """
