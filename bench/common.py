@@ -152,7 +152,10 @@ def truncate(engine: Any) -> None:
     from sqlalchemy import text
 
     with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {_outbox_tables()}, bench_orders"))
+        tables = _outbox_tables()
+        if not conn.scalar(text("SELECT to_regclass('delivery_keys')")):  # not partitioned
+            tables = tables.replace("delivery_keys, ", "")
+        conn.execute(text(f"TRUNCATE {tables}, bench_orders"))
 
 
 def flush_redis() -> None:

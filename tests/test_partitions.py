@@ -24,6 +24,7 @@ from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 import delivery
+from delivery import ops
 from delivery.errors import IdempotencyConflict
 from delivery.runtime import conversion, partitions
 from delivery.runtime.db import upgrade
@@ -272,10 +273,54 @@ def test_a_day_whose_rows_are_being_changed_is_kept_until_the_next_prune(
     assert second["days_dropped"] == [busy] and second["days_kept"] == {}
 
 
+def test_show_redrive_search_and_counts_read_across_days(
+    own: tuple[Engine, dict[str, str]],
+) -> None:
+    """On an outbox of six days, what ops use reads every day: ``delivery show`` by id and by
+    key, ``redrive`` of a dead message five days old, ``dead`` and ``stats``, and the
+    console's search by key prefix and by time, page after page (keyset on the id)."""
+    engine, env = own
+    today = dt.datetime.now(dt.UTC).date()
+    conversion.partition(engine, start=today - dt.timedelta(days=6))
+    with engine.begin() as conn:
+        fill_outbox(conn, 6_000, dt.timedelta(days=5) / 6_000)
+    with engine.connect() as conn:
+        oldest = conn.execute(
+            text("SELECT id, key FROM delivery_messages WHERE status = 'dead' ORDER BY id LIMIT 1")
+        ).one()
+        dead = conn.scalar(text("SELECT count(*) FROM delivery_messages WHERE status = 'dead'"))
+        days = {row[0] for row in conn.execute(text("SELECT id >> 32 FROM delivery_messages"))}
+    assert len(days) >= 5
+    by_id = json.loads(cli(env, "show", str(oldest.id), "--json"))
+    by_key = json.loads(cli(env, "show", oldest.key, "--json"))
+    assert by_id["id"] == by_key["id"] == oldest.id and by_id["status"] == "dead"
+    assert len(json.loads(cli(env, "dead", "--json", "--limit", "1000"))) == dead
+    assert sum(json.loads(cli(env, "stats", "--json")).values()) == 6_000
+    assert "redriven" in cli(env, "redrive", str(oldest.id), "--json")
+    status = "SELECT status FROM delivery_messages WHERE id = :i"
+    assert scalar(engine, status, i=oldest.id) == "pending"
+    with Session(engine) as session:
+        for params in ({"key": "order-1*"}, {"since": (today - dt.timedelta(days=3)).isoformat()}):
+            seen, before = [], None
+            while True:
+                page = ops.search(session, ops.parse_filter(params), before=before, limit=200)
+                seen += [m.id for m in page.messages]
+                if page.next_before is None:
+                    break
+                before = page.next_before
+            assert seen == sorted(seen, reverse=True) and len({i >> 32 for i in seen}) >= 3
+            if "key" in params:
+                expected = "SELECT count(*) FROM delivery_messages WHERE key LIKE 'order-1%'"
+            else:
+                expected = "SELECT count(*) FROM delivery_messages WHERE created_at >= :s"
+            assert len(seen) == scalar(engine, expected, s=params.get("since"))
+
+
 _ENQUEUER = """
 import sys
 from sqlalchemy.orm import Session
 import delivery
+from delivery import ops
 from delivery.errors import IdempotencyConflict
 from delivery.runtime.db import make_engine
 engine = make_engine(sys.argv[1])
