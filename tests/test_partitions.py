@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 from sqlalchemy import Engine, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 import delivery
@@ -150,6 +151,49 @@ def test_db_partition_converts_a_filled_outbox_while_enqueues_go_on(
     assert new.id >> 32 == partitions.day_of(dt.datetime.now(dt.UTC))
     assert scalar(engine, "SELECT count(*) FROM delivery_messages") == 20_000 + live + 1
     assert "already partitioned" in cli(env, "db", "partition")
+
+
+def test_a_busy_swap_tries_again_and_a_failed_conversion_runs_again(
+    own: tuple[Engine, dict[str, str]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A transaction holding the outbox when the swap asks for it: with one try the conversion
+    fails (lock wait over 500 ms) and leaves the outbox as it was; run again, its swap tries
+    again each second until that transaction ends, then converts, every row and key there."""
+    engine, _ = own
+    with engine.begin() as conn:
+        fill_outbox(conn, 1_000, dt.timedelta(seconds=1))
+    holding, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        with engine.connect() as conn:
+            conn.execute(text("UPDATE delivery_messages SET last_error = NULL WHERE id = 1"))
+            holding.set()
+            release.wait(60)
+            conn.commit()
+
+    def say(step: str) -> None:
+        if step.startswith("swap") and not holding.is_set():
+            threading.Thread(target=hold, daemon=True).start()
+            assert holding.wait(30)
+        if "stayed busy" in step:
+            release.set()
+
+    monkeypatch.setattr(conversion, "_SWAP_TRIES", 1)
+    with pytest.raises(OperationalError):
+        conversion.partition(engine, say=say)
+    release.set()
+    with engine.connect() as conn:
+        assert not partitions.is_partitioned(conn)
+    holding.clear()
+    release.clear()
+    monkeypatch.setattr(conversion, "_SWAP_TRIES", 20)
+    said: list[str] = []
+    done = conversion.partition(engine, say=lambda step: (said.append(step), say(step)))
+    assert any("stayed busy" in step for step in said) and done.pause_s < 1
+    with engine.connect() as conn:
+        assert partitions.is_partitioned(conn)
+    assert scalar(engine, "SELECT count(*) FROM delivery_keys") == 1_000
+    assert scalar(engine, "SELECT count(*) FROM delivery_messages") == 1_000
 
 
 def test_prune_drops_whole_days_and_keeps_a_day_holding_a_message_it_must_not_delete(

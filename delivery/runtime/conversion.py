@@ -14,10 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import time
 from collections.abc import Callable
 
 from sqlalchemy import Connection, Engine, text
+from sqlalchemy.exc import OperationalError
 
 from delivery.runtime.partitions import (
     AHEAD,
@@ -27,6 +29,7 @@ from delivery.runtime.partitions import (
     create_days,
     day_of,
     is_partitioned,
+    lock_not_available,
     today_of,
 )
 
@@ -130,6 +133,7 @@ def partition(
             say(f"{table}: check that every row is before {high}")
             conn.execute(
                 text(
+                    f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {table}_p0_bound; "
                     f"ALTER TABLE {table} ADD CONSTRAINT {table}_p0_bound "
                     f"CHECK ({column} < {high}) NOT VALID"
                 )
@@ -157,13 +161,24 @@ def partition(
                 text(_BACKFILL), {"last": last, "top": top, "batch": batch}
             ).one()
             keys += done
-    say("swap (the pipeline waits)")
-    pause, created = _swap(engine, range(first_day, today + AHEAD + 1))
-    return Conversion(keys, pause, created)
+    for tries in itertools.count(1):
+        say("swap (the pipeline waits)")
+        try:
+            pause, created = _swap(engine, range(first_day, today + AHEAD + 1))
+            return Conversion(keys, pause, created)
+        except OperationalError as exc:
+            if not lock_not_available(exc) or tries == _SWAP_TRIES:
+                raise
+            say(f"the outbox stayed busy for {LOCK_TIMEOUT}: the swap waits a second, again")
+            time.sleep(1.0)
+    raise AssertionError("unreachable")  # pragma: no cover - itertools.count never ends
 
 
+#: How many times the swap asks for the outbox's locks (each wait at most ``LOCK_TIMEOUT``)
+#: before the conversion fails (all it did is kept: run it again).
+_SWAP_TRIES = 20
 _TRIGGER = (
-    "CREATE TRIGGER delivery_claim_key BEFORE INSERT ON delivery_messages "
+    "CREATE OR REPLACE TRIGGER delivery_claim_key BEFORE INSERT ON delivery_messages "
     "FOR EACH ROW EXECUTE FUNCTION delivery_claim_key()"
 )
 _BACKFILL = """

@@ -1,5 +1,5 @@
 """A PostgreSQL outbox partitioned by day, so that retention drops a day instead of deleting
-its rows one by one ([docs/operations.md](../../docs/operations.md#retention)).
+its rows one by one ([docs/operations.md](../../docs/operations.md#retention-partitioned-by-day)).
 
 The shape. ``delivery_messages`` is partitioned by range of ``id``, and a message's id carries
 the UTC day it was inserted on: ``day << 32 | n`` (``delivery_message_id``, the column's
@@ -47,6 +47,7 @@ __all__ = [
     "first_id",
     "is_partitioned",
     "listing",
+    "lock_not_available",
     "today_of",
 ]
 
@@ -113,6 +114,11 @@ class Dropped:
     messages: int = 0
     attempts: int = 0
     kept: dict[str, int] = dataclasses.field(default_factory=dict)
+
+
+def lock_not_available(exc: OperationalError) -> bool:
+    """Whether ``exc`` is a wait for a lock that outlasted ``LOCK_TIMEOUT``."""
+    return getattr(exc.orig, "sqlstate", None) == _LOCK_NOT_AVAILABLE
 
 
 def is_partitioned(conn: Connection) -> bool:
@@ -256,7 +262,7 @@ def drop_day(
                 )
             )
     except OperationalError as exc:
-        if getattr(exc.orig, "sqlstate", None) != _LOCK_NOT_AVAILABLE:
+        if not lock_not_available(exc):
             raise
         return Dropped(day, False, kept={"busy": 1})
     with engine.begin() as conn:
