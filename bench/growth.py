@@ -141,11 +141,19 @@ def update_counts(engine: Any) -> tuple[int, int]:
     with engine.connect() as conn:
         found = conn.execute(
             text(
-                "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables "
-                "WHERE relname = 'delivery_messages'"
+                "SELECT sum(n_tup_upd), sum(n_tup_hot_upd) FROM pg_stat_user_tables "
+                f"WHERE relid IN {_MESSAGES}"
             )
         ).one()
     return int(found[0]), int(found[1])
+
+
+#: ``delivery_messages`` and its partitions (a partitioned table keeps no rows, sizes or row
+#: counts of its own).
+_MESSAGES = (
+    "(SELECT 'delivery_messages'::regclass UNION ALL SELECT inhrelid FROM pg_inherits "
+    "WHERE inhparent = 'delivery_messages'::regclass)"
+)
 
 
 def end_to_end(engine: Any, procs: Processes, stub: Any, due: int) -> dict[str, float]:
@@ -206,7 +214,10 @@ def measure(engine: Any, due: int, rounds: int) -> dict[str, Any]:
     with engine.connect() as conn:
         total = conn.scalar(text("SELECT count(*) FROM delivery_messages"))
         size = conn.scalar(
-            text("SELECT pg_size_pretty(pg_total_relation_size('delivery_messages'))")
+            text(
+                "SELECT pg_size_pretty(sum(pg_total_relation_size(c.oid))) FROM pg_class c "
+                f"WHERE c.oid IN {_MESSAGES}"
+            )
         )
     return {
         "rows": total,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
+    BigInteger,
     Connection,
     Engine,
     Integer,
@@ -26,10 +27,12 @@ from sqlalchemy import (
     and_,
     any_,
     bindparam,
+    cast,
     func,
     literal,
     select,
 )
+from sqlalchemy.dialects.postgresql import ARRAY
 
 from delivery.config.settings import PRIORITIES
 from delivery.core.models import UTCDateTime, messages_table, utcnow
@@ -151,10 +154,21 @@ def _claim_statement(dialect: str, by_ids: bool, by_priority: bool, now: bool) -
     chosen: Any
     until: Any
     if dialect == "postgresql":
-        # ``= ANY(ARRAY(...))``: the picked ids are read first, then updated by primary key,
-        # so a batch costs the same however many rows are pending (``IN (...)`` plans a hash
-        # join over every pending row).
-        chosen = m.id == any_(func.array(picked))
+        # ``= ANY(ARRAY(...))``: the picked ids are read first (once: a materialized CTE),
+        # then updated by primary key, so a batch costs the same however many rows are
+        # pending (``IN (...)`` plans a hash join over every pending row). Their lowest and
+        # highest id bound the UPDATE too: on an outbox partitioned by day that reads only
+        # the days the picked ids are of (``= ANY`` of a computed array prunes nothing, so
+        # each day's key index would be probed for every id).
+        ids = select(func.array(picked).label("ids")).cte("picked").prefix_with("MATERIALIZED")
+        each = func.unnest(ids.c.ids).table_valued("id").render_derived(name="each")
+        lowest = select(func.min(each.c.id)).select_from(ids, each).scalar_subquery()
+        highest = select(func.max(each.c.id)).select_from(ids, each).scalar_subquery()
+        chosen = and_(
+            m.id == any_(cast(select(ids.c.ids).scalar_subquery(), ARRAY(BigInteger()))),
+            m.id >= lowest,
+            m.id <= highest,
+        )
         until = clock + bindparam("lease_for", type_=Interval())
     else:  # SQLite: the lease's end bound as computed, since it stores what it is given
         chosen = m.id.in_(picked)
