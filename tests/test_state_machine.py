@@ -85,6 +85,8 @@ SENDS = (
 )
 LOOKUPS = ("truthful", "failed", "crash")
 POLICIES = ("lookup", "give_up", "retry")
+#: How ``enqueue`` picks its key: new, mostly; or one enqueued before, with its payload or not.
+AGAIN = ("new", "new", "new", "same", "other")
 
 
 class Crash(BaseException):
@@ -198,9 +200,31 @@ class OutboxMachine(RuleBasedStateMachine):
     def first(self) -> str:
         return self._enqueue("lookup", commit=True)
 
-    @rule(target=keys, policy=st.sampled_from(POLICIES), commit=st.booleans())
-    def enqueue(self, policy: str, commit: bool) -> str:
-        return self._enqueue(policy, commit)
+    @rule(
+        target=keys,
+        policy=st.sampled_from(POLICIES),
+        commit=st.booleans(),
+        again=st.sampled_from(AGAIN),
+        pick=st.integers(0, 2**16),
+    )
+    def enqueue(self, policy: str, commit: bool, again: str, pick: int) -> str:
+        """A new key, mostly; else a key enqueued before (``again``: with the payload it has,
+        or another): its message, ``IdempotencyConflict`` (another payload, the first
+        committed), or a new message (the first rolled back). One rule, so that the other
+        steps keep their share of a run (failover needs them)."""
+        if again == "new":
+            return self._enqueue(policy, commit)
+        key = sorted(self.policies)[pick % len(self.policies)]
+        self.others += 1
+        body = self.bodies[key] if again == "same" else f"another body {self.others}"
+        existed = key in self.committed
+        try:
+            self._add(key, body, self.policies[key], commit)
+        except IdempotencyConflict:
+            assert existed and again == "other"
+        else:
+            assert again == "same" or not existed
+        return key
 
     def _enqueue(self, policy: str, commit: bool) -> str:
         self.n += 1
@@ -227,20 +251,6 @@ class OutboxMachine(RuleBasedStateMachine):
                 self.committed[key], self.bodies[key] = policy, body
             else:
                 session.rollback()
-
-    @rule(key=keys, same=st.booleans(), commit=st.booleans())
-    def enqueue_again(self, key: str, same: bool, commit: bool) -> None:
-        """A key enqueued again: its message (same payload), ``IdempotencyConflict`` (another
-        payload, the first committed), or a new message (the first rolled back)."""
-        self.others += 1
-        body = self.bodies[key] if same else f"another body {self.others}"
-        existed = key in self.committed
-        try:
-            self._add(key, body, self.policies[key], commit)
-        except IdempotencyConflict:
-            assert existed and not same
-        else:
-            assert same or not existed
 
     @rule()
     def relay(self) -> None:

@@ -161,13 +161,12 @@ def _claim_statement(dialect: str, by_ids: bool, by_priority: bool, now: bool) -
         # the days the picked ids are of (``= ANY`` of a computed array prunes nothing, so
         # each day's key index would be probed for every id).
         ids = select(func.array(picked).label("ids")).cte("picked").prefix_with("MATERIALIZED")
-        each = func.unnest(ids.c.ids).table_valued("id").render_derived(name="each")
-        lowest = select(func.min(each.c.id)).select_from(ids, each).scalar_subquery()
-        highest = select(func.max(each.c.id)).select_from(ids, each).scalar_subquery()
+        array = cast(select(ids.c.ids).scalar_subquery(), ARRAY(BigInteger()))
+        each = func.unnest(array).table_valued("id").render_derived(name="each")
         chosen = and_(
-            m.id == any_(cast(select(ids.c.ids).scalar_subquery(), ARRAY(BigInteger()))),
-            m.id >= lowest,
-            m.id <= highest,
+            m.id == any_(array),
+            m.id >= select(func.min(each.c.id)).scalar_subquery(),
+            m.id <= select(func.max(each.c.id)).scalar_subquery(),
         )
         until = clock + bindparam("lease_for", type_=Interval())
     else:  # SQLite: the lease's end bound as computed, since it stores what it is given
