@@ -9,6 +9,8 @@ carry the ids of their days, as if inserted then). Then ``delivery prune --older
 as a subprocess (as shipped), timed, with the tables' size before and after (PostgreSQL's
 ``pg_total_relation_size`` of messages and attempts, their partitions and indexes). On the
 partitioned outbox the cutoff is rounded down to midnight: it prunes up to a day less.
+Last, the unpartitioned outbox (what its prune left) is converted with ``delivery db
+partition``, timed, with how long its swap held the tables (the pipeline's one pause).
 
     python -m bench.retention [--messages 2000000]
 """
@@ -86,20 +88,34 @@ def _filled(name: str, shape: str, messages: int) -> Any:
     return engine
 
 
-def _prune(name: str, engine: Any) -> dict[str, Any]:
-    before = _size(engine)
-    load = os.getloadavg()
+def _cli(name: str, *args: str) -> tuple[str, float]:
+    """``delivery ARGS`` on database ``name``, as a user runs it: its output, its seconds."""
     env = {
         **os.environ,
         "DELIVERY_DATABASE_URL": f"{PG_SERVER}/{name}",
         "DELIVERY_BROKER_URL": BROKER_URL,
     }
     env.pop("DELIVERY_CONFIG", None)
-    argv = [sys.executable, "-m", "delivery.cli", "prune", "--older-than", OLDER_THAN, "--json"]
+    argv = [sys.executable, "-m", "delivery.cli", *args]
     started = time.monotonic()
     done = subprocess.run(argv, env=env, cwd=ROOT, capture_output=True, text=True, check=True)
-    seconds = time.monotonic() - started
-    pruned = json.loads(done.stdout)
+    return done.stdout, time.monotonic() - started
+
+
+def _convert(name: str, engine: Any) -> dict[str, Any]:
+    with engine.connect() as conn:
+        messages = int(conn.scalar(text("SELECT count(*) FROM delivery_messages")))
+    load = os.getloadavg()
+    out, seconds = _cli(name, "db", "partition")
+    held = int(out.rsplit("held the outbox for ", 1)[1].split(" ms")[0])
+    return {"messages": messages, "seconds": round(seconds, 1), "swap_ms": held, "load": load}
+
+
+def _prune(name: str, engine: Any) -> dict[str, Any]:
+    before = _size(engine)
+    load = os.getloadavg()
+    out, seconds = _cli(name, "prune", "--older-than", OLDER_THAN, "--json")
+    pruned = json.loads(out)
     after = _size(engine)
     return {
         "messages": pruned["messages"],
@@ -136,6 +152,9 @@ def main() -> None:
         log(f"  filled in {time.monotonic() - started:.0f} s; delivery prune --older-than 10d")
         try:
             figures[shape] = _prune(name, engine)
+            if shape == "unpartitioned":
+                log("  delivery db partition on what is left")
+                figures["conversion"] = _convert(name, engine)
         finally:
             engine.dispose()
             _admin(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
@@ -152,6 +171,18 @@ def main() -> None:
             _said(old),
         )
     ]
+    c = figures["conversion"]
+    rows.append(
+        row(
+            "`delivery db partition` of a filled outbox (the unpartitioned one, pruned): the "
+            "swap's hold on the tables (the pipeline's one pause)",
+            None,
+            "a few seconds at most",
+            c["swap_ms"] < 3000,
+            f"{c['messages']:,} messages converted in {c['seconds']:,.1f} s, the swap held the "
+            f"tables {c['swap_ms']} ms (load {' '.join(f'{x:.2f}' for x in c['load'])})",
+        )
+    )
     report("retention", figures, rows)
 
 
