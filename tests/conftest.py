@@ -257,10 +257,10 @@ def pipeline(pg_engine: Engine, broker_ready: None, stub):  # type: ignore[no-un
 @pytest.fixture
 def clean(pg_engine: Engine, stub, redis_client) -> Engine:  # type: ignore[no-untyped-def]
     """Empty outbox, closed breakers (shared state flushed) and a stub with no faults."""
-    from tests.factories import OUTBOX_TABLES
+    from tests.factories import empty_outbox
 
     with pg_engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
+        empty_outbox(conn)
     redis_client.flushdb()
     stub.reset()
     return pg_engine

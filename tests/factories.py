@@ -6,6 +6,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
+from sqlalchemy import Connection, text
 from sqlalchemy.orm import Session
 
 from delivery.core.models import Attempt, Base, Message, utcnow
@@ -33,6 +34,18 @@ STATUSES = [
 OUTBOX_TABLES = ", ".join(
     [KEYS_TABLE, *(table.name for table in reversed(Base.metadata.sorted_tables))]
 )
+
+
+def empty_outbox(conn: Connection, *, restart: bool = False) -> None:
+    """Delete every row of the outbox (``restart``: ids start again at 1). ``DELETE``, not
+    ``TRUNCATE``: a test leaves a few rows, and a partitioned outbox's ``TRUNCATE`` makes new
+    files for each of its dozens of tables and indexes (90 ms against a few)."""
+    for table in OUTBOX_TABLES.split(", "):
+        conn.execute(text(f"DELETE FROM {table}"))
+    if restart:
+        conn.execute(
+            text("SELECT setval(pg_get_serial_sequence('delivery_messages', 'id'), 1, false)")
+        )
 
 
 def message_values(key: str, status: str = "pending", **fields: Any) -> dict[str, Any]:

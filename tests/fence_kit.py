@@ -23,7 +23,7 @@ from delivery.providers.base import Envelope
 from delivery.runtime.db import make_sessionmaker
 from delivery.runtime.service import Service
 from tests.conftest import PG_DB, PG_SERVER, need
-from tests.factories import OUTBOX_TABLES, message_values
+from tests.factories import empty_outbox, message_values
 
 FENCE_DB = f"{PG_DB}_fences"
 
@@ -60,10 +60,10 @@ def fence_db(fence_engine: Engine) -> Engine:
 def wipe(engine: Engine) -> None:
     """Empty the outbox; ids start again at the first of today's small partitions."""
     with engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES} RESTART IDENTITY"))
+        empty_outbox(conn, restart=True)
 
 
-def split_today(engine: Engine, size: int = 4, count: int = 50) -> None:
+def split_today(engine: Engine, size: int = 4, count: int = 12) -> None:
     """Partition the outbox by day from today (``delivery.runtime.partitions``), with today's
     first ``size * count`` ids cut into partitions of ``size``: a run's messages, attempts and
     receipts land in many partitions, as over many days."""

@@ -74,7 +74,7 @@ from tests.conftest import (
     own_outbox,
     wait_until,
 )
-from tests.factories import OUTBOX_TABLES
+from tests.factories import empty_outbox
 from tests.fence_kit import fence_db, fence_engine
 
 __all__ = ["fence_db", "fence_engine"]  # fixtures, used by name
@@ -930,7 +930,7 @@ def fresh(rig: Rig, monkeypatch: pytest.MonkeyPatch) -> Rig:
     would publish to the suite's broker, not the rig's)."""
     monkeypatch.setattr(outbox, "_nudge", None)
     with rig.engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
+        empty_outbox(conn)
     rig.stub.reset()
     rig.breaker().reset()
     return rig

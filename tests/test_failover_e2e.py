@@ -47,7 +47,7 @@ from delivery.testing.processes import ServiceProcess, beat, start_all, stop_all
 from delivery.testing.processes import worker as worker_process
 from delivery.testing.stub_provider import StubClient
 from tests.conftest import drained, free_port, own_outbox
-from tests.factories import OUTBOX_TABLES
+from tests.factories import empty_outbox
 
 pytestmark = pytest.mark.integration
 
@@ -232,7 +232,7 @@ def failover_counts(rig: Rig) -> Counter[tuple[str, str, str, str]]:
 def fresh(rig: Rig) -> None:
     """An empty outbox, both stubs without faults, both breakers closed."""
     with rig.engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
+        empty_outbox(conn)
     rig.primary.reset()
     rig.backup.reset()
     breakers = Breakers(rig.settings)

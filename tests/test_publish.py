@@ -34,7 +34,7 @@ from delivery.runtime.current import get_settings
 from delivery.worker.app import app
 from delivery.worker.publish import publish
 from tests.conftest import BROKER_URL, PG_DB, PG_SERVER, RUN_DIR, free_port, wait_until
-from tests.factories import OUTBOX_TABLES, message_values
+from tests.factories import OUTBOX_TABLES, empty_outbox, message_values
 
 pytestmark = pytest.mark.integration
 
@@ -65,7 +65,7 @@ def private(pg_engine: Engine) -> Iterator[Engine]:
 @pytest.fixture
 def outbox(private: Engine, broker_ready: None) -> Engine:
     with private.begin() as conn:
-        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
+        empty_outbox(conn)
     return private
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import Engine, select, text
+from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
 from delivery.config.loading import load_settings
@@ -28,7 +28,7 @@ from delivery.testing.processes import ServiceProcess, beat, start_all, stop_all
 from delivery.testing.processes import worker as worker_process
 from delivery.testing.stub_provider import StubClient
 from tests.conftest import free_port, own_outbox, wait_until
-from tests.factories import OUTBOX_TABLES
+from tests.factories import empty_outbox
 
 pytestmark = pytest.mark.integration
 
@@ -106,7 +106,7 @@ def test_receipts_delayed_duplicated_reordered_and_lost_end_where_the_provider_s
     200 for is stored once, and none moved a message backwards."""
     monkeypatch.setattr(outbox, "_nudge", None)  # it would publish to the suite's broker
     with rig.engine.begin() as conn:
-        conn.execute(text(f"TRUNCATE {OUTBOX_TABLES}"))
+        empty_outbox(conn)
     rig.stub.reset()
     rig.stub.set_receipts(
         url=rig.receiver_url,
