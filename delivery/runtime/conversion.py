@@ -24,6 +24,7 @@ from sqlalchemy.exc import OperationalError
 from delivery.runtime.partitions import (
     AHEAD,
     LOCK_TIMEOUT,
+    SHIFT,
     TABLES,
     bound,
     create_days,
@@ -49,8 +50,8 @@ class Conversion:
 _FUNCTIONS = """
 CREATE OR REPLACE FUNCTION delivery_message_id(at timestamptz) RETURNS bigint
 LANGUAGE sql VOLATILE AS $$
-  SELECT (floor(extract(epoch FROM at) / 86400)::bigint << 32)
-         | (nextval('{sequence}'::regclass) & 4294967295)
+  SELECT (floor(extract(epoch FROM at) / 86400)::bigint << {shift})
+         | (nextval('{sequence}'::regclass) & {mask})
 $$;
 CREATE OR REPLACE FUNCTION delivery_claim_key() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
@@ -128,7 +129,7 @@ def partition(
         high = bound(first_day)
         say("keys table and functions")
         conn.execute(text(_KEYS))
-        conn.execute(text(_FUNCTIONS.format(sequence=sequence)))
+        conn.execute(text(_FUNCTIONS.format(sequence=sequence, shift=SHIFT, mask=(1 << SHIFT) - 1)))
         for table, column in TABLES:
             say(f"{table}: check that every row is before {high}")
             conn.execute(

@@ -36,6 +36,7 @@ __all__ = [
     "AHEAD",
     "KEYS_TABLE",
     "LOCK_TIMEOUT",
+    "SHIFT",
     "TABLES",
     "Day",
     "Dropped",
@@ -61,7 +62,8 @@ TABLES = (
 KEYS_TABLE = "delivery_keys"
 #: Days of partitions kept ready beyond today.
 AHEAD = 7
-_SHIFT = 32
+#: Bits of an id below its day: ``day << SHIFT | n``.
+SHIFT = 32
 #: How long a swap or a drop waits for a lock before it gives up (and tries again later):
 #: shorter than ``deadlock_timeout`` (1 s), so that it, never a worker, is the one to give up.
 LOCK_TIMEOUT = "500ms"
@@ -78,7 +80,7 @@ def day_of(when: dt.datetime | dt.date) -> int:
 
 def bound(day: int) -> int:
     """The first id of ``day``."""
-    return day << _SHIFT
+    return day << SHIFT
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -98,7 +100,7 @@ class Day:
     @property
     def ends(self) -> dt.datetime:
         return dt.datetime.combine(
-            _EPOCH + dt.timedelta(days=self.high >> _SHIFT), dt.time(), dt.UTC
+            _EPOCH + dt.timedelta(days=self.high >> SHIFT), dt.time(), dt.UTC
         )
 
 
