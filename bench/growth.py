@@ -7,8 +7,9 @@ if inserted then), so the claim reads the due index of every day's partition. Ro
 bulk-loaded with ``generate_series`` and the table is ``VACUUM ANALYZE``d. A claim
 batch is ``delivery.relay.claims.claim(limit=500)`` in its own transaction, commit included,
 on one held connection (as the beat relay runs it, so psycopg's server-side prepared statement and
-PostgreSQL's plan cache are in play); the 10,000 due rows give 20 batches per round, and the
-median over ``--rounds`` rounds is reported. ``EXPLAIN (ANALYZE)`` of the claim statement at
+PostgreSQL's plan cache are in play); the 10,000 due rows give 20 batches per round. The
+claim rounds alternate between the sizes as the drains do (below), and the median batch over
+``--rounds`` rounds is reported. ``EXPLAIN (ANALYZE)`` of the claim statement at
 both sizes must show the partial index ``ix_delivery_messages_due``; the generic plan (what a
 prepared statement may switch to) is shown too. End to end: the same 10,000 due rows
 are drained by beat's relay and a worker (threads x8), product defaults; rate = rows / (last
@@ -19,8 +20,8 @@ between two runs more than the table's size does. Each drain also counts the out
 updates and how many were HOT (``pg_stat_user_tables``): a status change writes every index
 of the row when an indexed column changes.
 
-    python -m bench.growth [--final 10000000] [--days 30] [--due 10000] [--rounds 3]
-                           [--e2e-rounds 4] [--no-e2e]
+    python -m bench.growth [--final 10000000] [--days 30] [--due 10000] [--rounds 6]
+                           [--e2e-rounds 6] [--no-e2e]
 """
 
 from __future__ import annotations
@@ -210,11 +211,21 @@ def alternate(
     }
 
 
-def measure(engine: Any, due: int, rounds: int) -> dict[str, Any]:
-    per_batch: list[float] = []
-    for _ in range(rounds):
-        reset_due(engine, due)
-        per_batch += claim_batches(engine)
+def claim_rounds(engines: dict[str, Any], due: int, rounds: int) -> dict[str, list[float]]:
+    """Claim ``due`` fresh rows of each outbox in batches, ``rounds`` times, alternating the
+    order (small, large, then large, small, ...) as the drains do: the seconds each batch
+    took, per size."""
+    per_batch: dict[str, list[float]] = {name: [] for name in engines}
+    for number in range(rounds):
+        order = list(engines) if number % 2 == 0 else list(reversed(engines))
+        for name in order:
+            reset_due(engines[name], due)
+            per_batch[name] += claim_batches(engines[name])
+    return per_batch
+
+
+def measure(engine: Any, due: int, per_batch: list[float]) -> dict[str, Any]:
+    """One size's claim figures from its batches, its size, and its plans."""
     reset_due(engine, due)
     with engine.connect() as conn:
         total = conn.scalar(text("SELECT count(*) FROM delivery_messages"))
@@ -230,6 +241,7 @@ def measure(engine: Any, due: int, rounds: int) -> dict[str, Any]:
         "batches": len(per_batch),
         "claim_ms_median": round(median(per_batch) * 1000, 3),
         "claim_ms_p90": round(sorted(per_batch)[int(len(per_batch) * 0.9)] * 1000, 3),
+        "loadavg": round(os.getloadavg()[0], 2),
         **explain(engine),
     }
 
@@ -239,8 +251,8 @@ def main() -> None:
     parser.add_argument("--final", type=int, default=10_000_000)
     parser.add_argument("--days", type=int, default=30, help="the final rows' days")
     parser.add_argument("--due", type=int, default=10_000)
-    parser.add_argument("--rounds", type=int, default=3, help="claim rounds per size")
-    parser.add_argument("--e2e-rounds", type=int, default=4, help="drains per size")
+    parser.add_argument("--rounds", type=int, default=6, help="claim rounds per size")
+    parser.add_argument("--e2e-rounds", type=int, default=6, help="drains per size")
     parser.add_argument("--no-e2e", action="store_true")
     args = parser.parse_args()
     large_db = f"{PG_DB}_large"
@@ -256,11 +268,12 @@ def main() -> None:
             due_seconds_ago=3600,
             days=args.days,
         )
+        log(f"claims: {args.rounds} alternating rounds")
+        batches = claim_rounds(engines, args.due, args.rounds)
         figures: dict[str, Any] = {}
         for name, engine in engines.items():
-            log(f"{name}: claims and plans")
-            figures[name] = measure(engine, args.due, args.rounds)
-            log(f"  { ({k: v for k, v in figures[name].items() if 'plan' not in k}) }")
+            figures[name] = measure(engine, args.due, batches[name])
+            log(f"  {name}: { ({k: v for k, v in figures[name].items() if 'plan' not in k}) }")
         small, large = figures["small"], figures["large"]
         ratio = large["claim_ms_median"] / small["claim_ms_median"]
         figures["claim_ratio"] = round(ratio, 3)
@@ -270,7 +283,8 @@ def main() -> None:
                 ratio,
                 "<= 1.3x",
                 ratio <= 1.3,
-                f"{large['claim_ms_median']} ms at {large['rows']:,} rows ({large['table_size']})",
+                f"{large['claim_ms_median']} ms at {large['rows']:,} rows ({large['table_size']}; "
+                f"median of {args.rounds} alternating rounds; load {large['loadavg']})",
                 f"{small['claim_ms_median']} ms at {small['rows']:,} rows",
             ),
             row(
