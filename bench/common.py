@@ -418,12 +418,13 @@ def insert_rows(
     prefix: str = "bench",
     start: int = 0,
     due_seconds_ago: float = 1.0,
-    days: int = 0,
+    days: float = 0,
 ) -> None:
     """Bulk-insert ``n`` outbox rows in one statement (``generate_series``): due ``pending``
     rows by default, or final rows (``status='sent'``) to grow the table. ``days``: created
-    over that many days ending now, each row with an id of its day on a partitioned outbox
-    (as if inserted then: ``fresh_database(since=..)`` gives the past days' partitions)."""
+    (and last changed, and sent) over that many days ending now, each row with an id of its
+    day on a partitioned outbox (as if inserted then: ``fresh_database(since=..)`` gives the
+    past days' partitions)."""
     from sqlalchemy import text
 
     from delivery.runtime import partitions
@@ -444,8 +445,8 @@ def insert_rows(
                        '+1201555' || lpad((i % 10000)::text, 4, '0'),
                        json_build_object('body', 'code ' || i), md5(i::text), 'retry',
                        :status, CASE WHEN CAST(:sent AS boolean) THEN 1 ELSE 0 END, 8, false,
-                       now() - make_interval(secs => CAST(:ago AS float8)), {created}, now(),
-                       CASE WHEN CAST(:sent AS boolean) THEN now() END,
+                       now() - make_interval(secs => CAST(:ago AS float8)), {created},
+                       {created}, CASE WHEN CAST(:sent AS boolean) THEN {created} END,
                        CASE WHEN CAST(:sent AS boolean) THEN 'msg_' || i END
                 FROM generate_series(CAST(:first AS bigint), CAST(:last AS bigint)) AS i
             """.replace("{id}", "id, " if dated else "")

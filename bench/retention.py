@@ -9,10 +9,18 @@ carry the ids of their days, as if inserted then). Then ``delivery prune --older
 as a subprocess (as shipped), timed, with the tables' size before and after (PostgreSQL's
 ``pg_total_relation_size`` of messages and attempts, their partitions and indexes). On the
 partitioned outbox the cutoff is rounded down to midnight: it prunes up to a day less.
-Last, the unpartitioned outbox (what its prune left) is converted with ``delivery db
+Then the unpartitioned outbox (what its prune left) is converted with ``delivery db
 partition``, timed, with how long its swap held the tables (the pipeline's one pause).
 
-    python -m bench.retention [--messages 2000000]
+Last, prune at scale, as a daily prune finds a partitioned outbox: ``--scale`` (10,000,000)
+``sent`` messages against 10,000, in two databases, each created (and last changed) evenly
+from midnight ``KEEP + --rounds`` days ago to now (``bench.common.insert_rows``: one
+statement, the keys claimed by the outbox's trigger). Round ``r`` runs ``delivery prune
+--older-than (KEEP + rounds - 1 - r)d``, which drops that round's oldest whole day (a
+thirty-first of each outbox), on both sizes in alternating order; the figure is the median
+of the rounds' large / small ratios of the command's wall time, start-up included.
+
+    python -m bench.retention [--messages 2000000] [--scale 10000000] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -28,13 +36,26 @@ from typing import Any
 
 from sqlalchemy import create_engine, text
 
-from bench.common import BROKER_URL, PG_DB, PG_SERVER, ROOT, log, report, row
+from bench.common import (
+    BROKER_URL,
+    PG_DB,
+    PG_SERVER,
+    ROOT,
+    fresh_database,
+    insert_rows,
+    log,
+    median,
+    report,
+    row,
+    vacuum,
+)
 from delivery.runtime import conversion
 from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.fill import fill_outbox
 
 DAYS = 20
 OLDER_THAN = "10d"
+KEEP = 30  # days the scale figure's outboxes keep (``prune --older-than 30d``, once a day)
 TABLES = ("delivery_messages", "delivery_attempts")
 SHAPES = ("unpartitioned", "partitioned")
 _SIZE = """
@@ -139,9 +160,62 @@ def _said(f: dict[str, Any]) -> str:
     )
 
 
+def _scaled(name: str, messages: int, rounds: int) -> Any:
+    """Database ``name``, partitioned, holding ``messages`` sent over whole days since
+    midnight ``KEEP + rounds`` days ago and today so far."""
+    now = dt.datetime.now(dt.UTC)
+    start = now.date() - dt.timedelta(days=KEEP + rounds)
+    engine = fresh_database(name, since=start)
+    midnight = dt.datetime.combine(start, dt.time(), tzinfo=dt.UTC)
+    span = (now - midnight).total_seconds() / 86400
+    insert_rows(engine, messages, status="sent", prefix="old", due_seconds_ago=0, days=span)
+    vacuum(engine)
+    return engine
+
+
+def _scale(messages: int, rounds: int) -> dict[str, Any]:
+    """Prune at ``messages`` against 10,000, alternating, ``rounds`` days one by one."""
+    sizes = {"small": 10_000, "large": messages}
+    names = {size: f"{PG_DB}_retention_{size}" for size in sizes}
+    engines = {}
+    for size, count in sizes.items():
+        log(f"scale: {count:,} messages over {KEEP + rounds} days and today")
+        engines[size] = _scaled(names[size], count, rounds)
+    runs: dict[str, list[dict[str, Any]]] = {size: [] for size in sizes}
+    try:
+        for number in range(rounds):
+            older = f"{KEEP + rounds - 1 - number}d"
+            order = list(sizes) if number % 2 == 0 else list(reversed(sizes))
+            for size in order:
+                load = os.getloadavg()
+                out, seconds = _cli(names[size], "prune", "--older-than", older, "--json")
+                pruned = json.loads(out)
+                runs[size].append(
+                    {
+                        "older_than": older,
+                        "messages": pruned["messages"],
+                        "days_dropped": pruned["days_dropped"],
+                        "seconds": round(seconds, 3),
+                        "load": round(load[0], 2),
+                    }
+                )
+                log(f"  round {number + 1} {size}: {runs[size][-1]}")
+    finally:
+        for size, engine in engines.items():
+            engine.dispose()
+            _admin(f"DROP DATABASE IF EXISTS {names[size]} WITH (FORCE)")
+    ratios = [
+        big["seconds"] / small["seconds"]
+        for small, big in zip(runs["small"], runs["large"], strict=True)
+    ]
+    return {"sizes": sizes, "runs": runs, "ratios": [round(r, 3) for r in ratios]}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, default=2_000_000)
+    parser.add_argument("--scale", type=int, default=10_000_000)
+    parser.add_argument("--rounds", type=int, default=3, help="days pruned one by one")
     args = parser.parse_args()
     figures: dict[str, Any] = {"messages": args.messages}
     for shape in SHAPES:
@@ -181,6 +255,25 @@ def main() -> None:
             c["swap_ms"] < 3000,
             f"{c['messages']:,} messages converted in {c['seconds']:,.1f} s, the swap held the "
             f"tables {c['swap_ms']} ms (load {' '.join(f'{x:.2f}' for x in c['load'])})",
+        )
+    )
+    figures["scale"] = scale = _scale(args.scale, args.rounds)
+    runs = scale["runs"]
+    ratio = median(scale["ratios"])
+    large, small = runs["large"], runs["small"]
+    rows.append(
+        row(
+            f"`delivery prune --older-than {KEEP}d` once a day (one day to drop): "
+            f"{args.scale:,} messages vs 10,000, median of {args.rounds} alternating rounds",
+            ratio,
+            "about the same time (<= 1.3x)",
+            ratio <= 1.3,
+            f"{median([r['seconds'] for r in large]):.2f} s for "
+            f"{median([r['messages'] for r in large]):,.0f} messages a day; ratios "
+            f"{', '.join(f'{r:.2f}' for r in scale['ratios'])} (load "
+            f"{min(r['load'] for r in large + small)}-{max(r['load'] for r in large + small)})",
+            f"{median([r['seconds'] for r in small]):.2f} s for "
+            f"{median([r['messages'] for r in small]):,.0f} messages a day",
         )
     )
     report("retention", figures, rows)

@@ -15,12 +15,12 @@ from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import BigInteger, Connection, any_, bindparam, func, or_, select, update
-from sqlalchemy.dialects.postgresql import ARRAY
+from sqlalchemy import Connection, any_, bindparam, func, or_, select, update
 
 from delivery.core.clock import db_now
 from delivery.core.models import messages_table, utcnow
 from delivery.core.status import Status
+from delivery.transitions.fence import among, among_params
 
 __all__ = ["Renewed", "renew_held", "renew_queued"]
 
@@ -48,7 +48,7 @@ def _renewals(dialect: str) -> tuple[Any, Any]:
     """
     m = messages_table.c
     if dialect == "postgresql":
-        held = m.id == any_(bindparam("held", type_=ARRAY(BigInteger())))
+        held = among(m.id, "held")
     else:
         held = m.id.in_(bindparam("held", expanding=True))
     stale = or_(
@@ -93,7 +93,7 @@ def renew_held(
     now = now or utcnow()
     dispatched_rows, sending_rows = _renewals(conn.dialect.name)
     params = {
-        "held": sorted(set(ids)),
+        **among_params("held", sorted(set(ids))),
         "now": now,
         "until": now + dt.timedelta(seconds=hold_lease),
         "fresh": now + dt.timedelta(seconds=hold_lease * 2.0 / 3.0),

@@ -2,20 +2,34 @@
 the room's, ``delivery.transitions``). ``move_where`` adds a condition (the sweeper's "its
 lease has passed"). Each statement is kept per shape (the set of columns it writes): built
 per call, its cache key cost about as much as the statement's round trip.
+
+The statements over many rows at once (PostgreSQL) bind arrays: ``unnest`` makes a table of
+them, and ``among`` is how such a statement names its messages (or their attempts and
+receipts) by id, so that an outbox partitioned by day reads only those ids' days.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from sqlalchemy import ClauseElement, ColumnElement, Connection, bindparam, func, update
+from sqlalchemy import (
+    BigInteger,
+    ClauseElement,
+    ColumnElement,
+    Connection,
+    and_,
+    any_,
+    bindparam,
+    func,
+    update,
+)
 from sqlalchemy.dialects.postgresql import ARRAY
 
 from delivery.core.models import messages_table, utcnow
 from delivery.core.status import Status
 
-__all__ = ["move", "move_where", "unnest"]
+__all__ = ["among", "among_params", "move", "move_where", "unnest"]
 
 
 def move(
@@ -108,3 +122,27 @@ def unnest(name: str, *columns: tuple[str, Any]) -> Any:
     statement over many rows, whatever their number (PostgreSQL)."""
     arrays = [bindparam(column, type_=ARRAY(kind)) for column, kind in columns]
     return func.unnest(*arrays).table_valued(*(n for n, _ in columns)).render_derived(name=name)
+
+
+def among(column: Any, name: str) -> Any:
+    """``column`` (a message id) is one of the bound array ``name``, and between its lowest and
+    highest (``name_low``, ``name_high``): bind all three with ``among_params`` (PostgreSQL).
+
+    On an outbox partitioned by day (an id carries its day: ``delivery.runtime.partitions``)
+    PostgreSQL then plans and reads only the days of those ids: ``= ANY`` of the array prunes
+    when the statement is planned for its values, the range when a prepared statement's
+    generic plan starts. A join on the array, or a subquery of it, prunes nothing: every day
+    would be planned, and its index probed for every id (3.3 times the time per statement at
+    40 days, measured)."""
+    big = BigInteger()
+    return and_(
+        column == any_(bindparam(name, type_=ARRAY(big))),
+        column >= bindparam(f"{name}_low", type_=big),
+        column <= bindparam(f"{name}_high", type_=big),
+    )
+
+
+def among_params(name: str, ids: Iterable[int]) -> dict[str, Any]:
+    """The parameters of ``among(.., name)`` for ``ids`` (at least one)."""
+    listed = list(ids)
+    return {name: listed, f"{name}_low": min(listed), f"{name}_high": max(listed)}

@@ -41,7 +41,7 @@ from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from delivery.core.models import UTCDateTime, messages_table, receipts_table, utcnow
 from delivery.core.status import OPEN, RECEIPT_RANK, Status
 from delivery.observability.events import emit_moved
-from delivery.transitions.fence import unnest
+from delivery.transitions.fence import among, among_params, unnest
 
 __all__ = [
     "RECEIPT_STATUSES",
@@ -304,7 +304,7 @@ def _write(
             for row, current, to, _ in moves:
                 ends[row.id] = (ends[row.id][0] if row.id in ends else current, to)
             params |= {
-                "m_ids": list(ends),
+                **among_params("m_ids", ends),
                 "m_from": [start.value for start, _ in ends.values()],
                 "m_to": [end.value for _, end in ends.values()],
                 "m_at": now,
@@ -368,7 +368,7 @@ def _write_unnest() -> Any:
     from_unknown = v.c.m_from == Status.UNKNOWN.value
     return (
         update(messages_table)
-        .where(m.id == v.c.m_ids, m.status == v.c.m_from)
+        .where(m.id == v.c.m_ids, m.status == v.c.m_from, among(m.id, "m_ids"))
         .values(
             status=v.c.m_to,
             updated_at=bindparam("m_at", type_=UTCDateTime()),

@@ -19,6 +19,7 @@ from sqlalchemy import (
     Integer,
     Row,
     String,
+    and_,
     any_,
     bindparam,
     func,
@@ -26,7 +27,6 @@ from sqlalchemy import (
     select,
     update,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from delivery.config.settings import Settings
 from delivery.core.clock import sql_now
@@ -36,7 +36,7 @@ from delivery.core.status import Status
 from delivery.observability import tracing
 from delivery.observability.events import Transition, emit
 from delivery.transitions.attempts import ATTEMPT_COLUMNS, attempt_row
-from delivery.transitions.fence import move, unnest
+from delivery.transitions.fence import among, among_params, move, unnest
 from delivery.transitions.vocabulary import Failure, Sending
 
 __all__ = [
@@ -86,7 +86,7 @@ def take(conn: Connection, rows: Sequence[Row[Any]], lease_until: dt.datetime) -
         }
     elif rows:
         params = {
-            "ids": [row.id for row in rows],
+            **among_params("ids", [row.id for row in rows]),
             "seen": [row.attempts for row in rows],
             "b_lease": lease_until,
             "b_now": utcnow(),
@@ -121,13 +121,14 @@ def _take_statement() -> Any:
 
 
 def _locked_in_order() -> Any:
-    """``id`` is one of the bound array ``ids``, locked in id order (overlapping statements
-    wait, never deadlock), the locking subquery run once (``= ANY(ARRAY(..))``; under ``IN``
-    it ran once per row of the status)."""
+    """``id`` is one of the bound array ``ids`` (``among``: the UPDATE itself names them, so
+    that it plans only their days), locked in id order (overlapping statements wait, never
+    deadlock), the locking subquery run once (``= ANY(ARRAY(..))``; under ``IN`` it ran once
+    per row of the status)."""
     m = messages_table.c
-    wanted = m.id == any_(bindparam("ids", type_=ARRAY(BigInteger())))
+    wanted = among(m.id, "ids")
     locked = select(m.id).where(wanted).order_by(m.id).with_for_update()
-    return m.id == any_(func.array(locked.scalar_subquery()))
+    return and_(wanted, m.id == any_(func.array(locked.scalar_subquery())))
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +284,7 @@ def finish_sent(conn: Connection, sent: Sequence[Accepted]) -> set[int]:
             )
         }
     params: dict[str, Any] = {
-        "ids": [msg.id for msg, _, _, _ in sent],
+        **among_params("ids", [msg.id for msg, _, _, _ in sent]),
         "seen": [msg.attempt for msg, _, _, _ in sent],
         "refs": [outcome.provider_ref for _, _, outcome, _ in sent],
         "b_now": utcnow(),
