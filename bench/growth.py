@@ -9,7 +9,7 @@ batch is ``delivery.relay.claims.claim(limit=500)`` in its own transaction, comm
 on one held connection (as the beat relay runs it, so psycopg's server-side prepared statement and
 PostgreSQL's plan cache are in play); the 10,000 due rows give 20 batches per round. The
 claim rounds alternate between the sizes as the drains do (below), and the median batch over
-``--rounds`` rounds is reported. ``EXPLAIN (ANALYZE)`` of the claim statement at
+``--rounds`` rounds is reported. ``EXPLAIN (ANALYZE)`` of the claim's pick at
 both sizes must show the partial index ``ix_delivery_messages_due``; the generic plan (what a
 prepared statement may switch to) is shown too. End to end: the same 10,000 due rows
 are drained by beat's relay and a worker (threads x8), product defaults; rate = rows / (last
@@ -83,13 +83,14 @@ def claim_batches(engine: Any, batch: int = 500) -> list[float]:
 
 
 def claim_statement(engine: Any) -> tuple[str, Any]:
-    """The SQL and parameters ``claim`` sends (captured, then rolled back)."""
+    """The SQL and parameters of ``claim``'s pick, the statement that reads the due index
+    (captured, then rolled back)."""
     seen: list[tuple[str, Any]] = []
 
     def capture(
         conn: Any, cursor: Any, statement: str, params: Any, context: Any, many: bool
     ) -> None:
-        if "UPDATE delivery_messages" in statement:
+        if "SKIP LOCKED" in statement:
             seen.append((statement, params))
 
     with engine.connect() as conn:

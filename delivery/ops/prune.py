@@ -21,13 +21,14 @@ from sqlalchemy import ColumnElement, CursorResult, Engine, and_, delete, func, 
 from sqlalchemy.orm import Session
 
 from delivery.core.models import Attempt, Message, Receipt
-from delivery.core.status import FINAL
+from delivery.core.status import FINAL, Status
 from delivery.runtime import partitions
 from delivery.runtime.partitions import Dropped
 
 __all__ = ["Dropped", "PruneBatch", "days_cutoff", "drop_days", "prunable", "prune_batch"]
 
 _FINAL = tuple(sorted(status.value for status in FINAL))
+_NOT_FINAL = tuple(sorted(status.value for status in Status if status not in FINAL))
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,4 +105,7 @@ def drop_days(session: Session, cutoff: dt.datetime, *, dry_run: bool = False) -
     engine = session.get_bind()
     assert isinstance(engine, Engine), "prune needs a session bound to an engine"
     session.rollback()
-    return [partitions.drop_day(engine, day, cutoff, _FINAL, dry_run=dry_run) for day in days]
+    return [
+        partitions.drop_day(engine, day, cutoff, _FINAL, others=_NOT_FINAL, dry_run=dry_run)
+        for day in days
+    ]

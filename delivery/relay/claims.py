@@ -1,8 +1,9 @@
 """The relay: claim due ``pending`` rows and hand them to a publisher (guarantee G1).
 
-``claim`` marks a batch ``dispatched`` with a lease in one statement (its transition:
-``delivery.transitions.relay``) (``FOR UPDATE SKIP
-LOCKED`` on PostgreSQL; SQLite serialises writers), so two relays never claim the same row.
+``claim`` marks a batch ``dispatched`` with a lease (its transition:
+``delivery.transitions.relay``): on PostgreSQL it picks the due rows ``FOR UPDATE SKIP
+LOCKED`` and updates them, in one transaction; on SQLite, which serialises writers, in one
+statement. Two relays never claim the same row.
 The rows are committed as ``dispatched`` *before* they are published: a task never arrives
 for a row it cannot take. A row whose task is lost (broker flushed, publish failed) is
 returned to ``pending`` by the sweeper when its lease expires.
@@ -18,25 +19,22 @@ from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 from sqlalchemy import (
-    BigInteger,
     Connection,
     Engine,
     Integer,
     Interval,
     Select,
     and_,
-    any_,
     bindparam,
-    cast,
     func,
     literal,
     select,
 )
-from sqlalchemy.dialects.postgresql import ARRAY
 
 from delivery.config.settings import PRIORITIES
 from delivery.core.models import UTCDateTime, messages_table, utcnow
 from delivery.core.status import Status
+from delivery.transitions.fence import among, among_params
 from delivery.transitions.relay import dispatch, release
 
 __all__ = ["Claim", "Publisher", "claim", "relay_once"]
@@ -82,7 +80,7 @@ def _now(connection: Connection, now: dt.datetime | None) -> dt.datetime | None:
 
 
 @functools.cache
-def _due_statement(by_ids: bool, by_priority: bool, *, now: bool) -> Select[tuple[int]]:
+def _due_statement(by_ids: bool, by_priority: bool, *, now: bool) -> Select[int]:
     """The ids of due pending rows that no other transaction holds, oldest due first, with
     bound parameters (``due_limit``, ``due_ids``, ``due_priorities``, and ``due_now`` when
     ``now``; else the statement's own clock, PostgreSQL's ``statement_timestamp()``): one
@@ -127,7 +125,8 @@ def claim(
 ) -> list[Claim]:
     """Mark up to ``limit`` due pending rows (optionally only ``ids``, only of
     ``priorities``) dispatched; return them. ``now`` (default: the database's clock) decides
-    what is due and starts the lease."""
+    what is due and starts the lease. Run it in a transaction: on PostgreSQL it picks the rows
+    (locking them, skipping rows another relay holds), then updates them."""
     dialect = connection.dialect.name
     now = _now(connection, now)
     lease_for = dt.timedelta(seconds=lease)
@@ -139,6 +138,17 @@ def claim(
         "lease_for": lease_for,
         "lease_until": None if now is None else now + lease_for,
     }
+    if dialect == "postgresql":
+        # Two statements: the UPDATE names the picked ids (``among``), so that on an outbox
+        # partitioned by day it is planned for their days alone. One UPDATE holding the
+        # pick as a subquery was planned for every day at every claim (8 ms at 40 days,
+        # against 0.5 ms on a new outbox). Outside a transaction it is still right (the
+        # UPDATE is fenced on ``pending``), but two relays may then pick the same rows.
+        due = _due_statement(ids is not None, priorities is not None, now=now is not None)
+        picked = list(connection.scalars(due, params))
+        if not picked:
+            return []
+        params |= among_params("picked", picked)
     parts = _claim_statement(dialect, ids is not None, priorities is not None, now is not None)
     rows = dispatch(connection, params=params, **parts)
     return [Claim(r.id, r.key, r.priority, r.provider, r.attempts, r.traceparent) for r in rows]
@@ -147,30 +157,17 @@ def claim(
 @functools.cache
 def _claim_statement(dialect: str, by_ids: bool, by_priority: bool, now: bool) -> dict[str, Any]:
     """What ``claim``'s UPDATE (``transitions.relay.dispatch``) is made of, one object per
-    shape (see ``_due_statement``)."""
+    shape (see ``_due_statement``): on PostgreSQL the rows ``claim`` picked, by primary key;
+    on SQLite (one writer at a time) the pick itself, as a subquery."""
     m = messages_table.c
-    picked = _due_statement(by_ids, by_priority, now=now).scalar_subquery()
     clock = _clock(now)
     chosen: Any
     until: Any
     if dialect == "postgresql":
-        # ``= ANY(ARRAY(...))``: the picked ids are read first (once: a materialized CTE),
-        # then updated by primary key, so a batch costs the same however many rows are
-        # pending (``IN (...)`` plans a hash join over every pending row). Their lowest and
-        # highest id bound the UPDATE too: on an outbox partitioned by day that reads only
-        # the days the picked ids are of (``= ANY`` of a computed array prunes nothing, so
-        # each day's key index would be probed for every id).
-        ids = select(func.array(picked).label("ids")).cte("picked").prefix_with("MATERIALIZED")
-        array = cast(select(ids.c.ids).scalar_subquery(), ARRAY(BigInteger()))
-        each = func.unnest(array).table_valued("id").render_derived(name="each")
-        chosen = and_(
-            m.id == any_(array),
-            m.id >= select(func.min(each.c.id)).scalar_subquery(),
-            m.id <= select(func.max(each.c.id)).scalar_subquery(),
-        )
+        chosen = among(m.id, "picked")
         until = clock + bindparam("lease_for", type_=Interval())
     else:  # SQLite: the lease's end bound as computed, since it stores what it is given
-        chosen = m.id.in_(picked)
+        chosen = m.id.in_(_due_statement(by_ids, by_priority, now=now).scalar_subquery())
         until = bindparam("lease_until", type_=UTCDateTime())
     shape = (dialect, by_ids, by_priority, now)
     return dict(shape=shape, chosen=chosen, clock=clock, until=until)
@@ -228,10 +225,9 @@ def _relay_group(one: _Pass, priorities: Sequence[str] | None, room: int | None)
         limit = batch if room is None else min(batch, room - total)
         if limit <= 0:
             break
-        # Autocommit: the claim is committed when it returns, with no BEGIN or COMMIT round
-        # trips (the nudge runs this inside the app's commit()).
-        with engine.connect() as connection:
-            connection.execution_options(isolation_level="AUTOCOMMIT")
+        # The claim is committed before its rows are published (the nudge runs this inside
+        # the app's commit()).
+        with engine.begin() as connection:
             claims = claim(
                 connection,
                 limit=limit,

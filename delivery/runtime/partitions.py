@@ -220,12 +220,20 @@ def _create_day(conn: Connection, day: int) -> str | None:
 
 
 def drop_day(
-    engine: Engine, day: Day, cutoff: dt.datetime, finals: Sequence[str], *, dry_run: bool = False
+    engine: Engine,
+    day: Day,
+    cutoff: dt.datetime,
+    finals: Sequence[str],
+    *,
+    others: Sequence[str],
+    dry_run: bool = False,
 ) -> Dropped:
     """Drop ``day`` (its messages, attempts and receipts) if ``prune`` would delete every
     message in it (a status of ``finals``, last changed before ``cutoff``); else keep it and
-    say why. Its keys are then deleted (a key of a dropped message is free again). With
-    ``dry_run``, say what would happen."""
+    say why (its messages of ``others``, every status but the final ones, and those changed
+    since). Both are found through the status index, so a day's size does not count. Its
+    keys are then deleted (a key of a dropped message is free again). With ``dry_run``, say
+    what would happen."""
     suffix = day.suffix
     try:
         with engine.begin() as conn:
@@ -236,9 +244,9 @@ def drop_day(
                 conn.execute(
                     text(
                         f"SELECT status, count(*) FROM {day.name} "
-                        "WHERE NOT (status = ANY(:finals)) GROUP BY status"
+                        "WHERE status = ANY(:others) GROUP BY status"
                     ),
-                    {"finals": list(finals)},
+                    {"others": list(others)},
                 ).all()
             )
             changed = conn.scalar(

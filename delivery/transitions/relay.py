@@ -1,7 +1,7 @@
 """The relay's transitions, each emitting its ``Transition`` once its UPDATE moved the row:
 
 - ``dispatch``: the due ``pending`` rows the relay picked -> ``dispatched`` with a lease, in one
-  statement (the claim);
+  UPDATE (the claim's);
 - ``release``: rows it claimed whose publish failed -> back to ``pending``.
 
 ``dispatch`` is fenced on the status only (``pending``), with the rows locked by the relay's
