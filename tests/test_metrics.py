@@ -23,7 +23,7 @@ import yaml
 from click.testing import CliRunner
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from sqlalchemy import Engine, func, select
+from sqlalchemy import Engine, func, select, text
 from sqlalchemy.orm import Session
 
 from delivery.cli import main
@@ -36,10 +36,11 @@ from delivery.guards.redis_client import redis_client
 from delivery.observability.events import Transition, emit
 from delivery.observability.metrics import OutboxCollector, WorkerMetrics, exporter_registry
 from delivery.receipts import Receiver
+from delivery.runtime import partitions
 from delivery.runtime.db import make_engine, make_sessionmaker, upgrade
 from delivery.testing.processes import ServiceProcess, worker
 from delivery.testing.stub_provider import StubServer
-from tests.conftest import REDIS_URL, RUN_DIR, free_port, wait_until
+from tests.conftest import REDIS_URL, RUN_DIR, free_port, own_database, wait_until
 from tests.factories import add
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,10 +108,43 @@ def test_outbox_collector_reads_counts_ages_and_breakers(sqlite_engine: Engine) 
         assert value(first, "delivery_breaker_state", provider="stub") == 2
         assert value(first, "delivery_breaker_state", provider="twilio") == 0
         assert value(first, "delivery_breaker_failures", provider="stub") == 5
+        assert not any(name == "delivery_partition_days_ahead" for name, _ in first)
 
         add(session, "d3", "dead")
         second = samples(generate_latest(registry).decode())
         assert value(second, "delivery_dead_letter_messages", provider="stub") == 2
+
+
+@pytest.mark.integration
+def test_the_exporter_says_how_many_days_a_partitioned_outbox_has_ready(
+    pg_engine: Engine,
+) -> None:
+    """On a PostgreSQL outbox partitioned by day, ``delivery_partition_days_ahead`` is how many
+    days after today can take messages: 7 as migrated (beat keeps them), fewer once the last
+    days are gone, -1 when not even today can (``enqueue`` would fail)."""
+    with own_database("metrics_days") as engine:
+        upgrade(engine)
+
+        def ahead() -> float:
+            return value(
+                samples(generate_latest(exporter_registry(engine)).decode()),
+                "delivery_partition_days_ahead",
+            )
+
+        assert ahead() == 7
+        with engine.connect() as conn:
+            days = partitions.listing(conn)
+        for gone, expected in ((days[-3:], 4), (days[:-3], -1)):
+            with engine.begin() as conn:
+                for day in gone:
+                    suffix = day.suffix
+                    conn.execute(
+                        text(
+                            f"DROP TABLE delivery_receipts_{suffix}, "
+                            f"delivery_attempts_{suffix}, {day.name}"
+                        )
+                    )
+            assert ahead() == expected
 
 
 def test_outbox_collector_reports_down_instead_of_failing(tmp_path: Path) -> None:

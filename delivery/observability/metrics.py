@@ -97,6 +97,7 @@ class OutboxCollector(Collector):
             by_provider = ops.stats_by_provider(session)
             oldest = ops.oldest_pending_age(session, now=now)
             lag = ops.relay_lag(session, now=now)
+            ahead = ops.days_ahead(session)
         for provider, counts in by_provider.items():
             for status, count in counts.items():
                 messages.add_metric([provider, status], count)
@@ -112,7 +113,17 @@ class OutboxCollector(Collector):
             "Seconds the most overdue pending message has waited for the relay; 0 when none.",
             value=lag,
         )
-        return [messages, dead, oldest_gauge, lag_gauge]
+        families: list[Metric] = [messages, dead, oldest_gauge, lag_gauge]
+        if ahead is not None:  # a partitioned outbox (PostgreSQL)
+            families.append(
+                GaugeMetricFamily(
+                    "delivery_partition_days_ahead",
+                    "Days after today whose partitions exist (beat keeps 7); at -1 enqueue "
+                    "fails: run `delivery db partition`.",
+                    value=ahead,
+                )
+            )
+        return families
 
     def _breakers(self) -> list[Metric]:
         if self.breakers is None:

@@ -2,8 +2,9 @@
 framework (the ``delivery`` CLI, the console, the Django admin and the metrics exporter all
 call these). Every function takes a SQLAlchemy ``Session`` and never commits: the caller decides.
 
-- ``inspect``: read only: counts, ages and rates; one message, its attempt log and its route
-  (the providers it went through); JSON views with the recipient masked.
+- ``inspect``: read only: counts, ages and rates, the days a partitioned outbox has ready;
+  one message, its attempt log and its route (the providers it went through); JSON views
+  with the recipient masked.
 - ``repair``: ``redrive``, ``resolve``, ``cancel``: each one conditional UPDATE on the
   expected status that emits a ``Transition`` (an outcome for the app's hooks is told at the
   session's commit; ``take_outcomes`` for a session that never commits itself).
@@ -38,6 +39,7 @@ from delivery.ops.audit import (
 from delivery.ops.inspect import (
     attempt_dict,
     attempt_provider,
+    days_ahead,
     dead,
     dead_ids,
     find,
@@ -90,6 +92,7 @@ __all__ = [
     "attempt_provider",
     "cancel",
     "cli_actor",
+    "days_ahead",
     "days_cutoff",
     "dead",
     "dead_ids",

@@ -22,6 +22,7 @@ from delivery.errors import MessageNotFound
 from delivery.observability.events import mask
 from delivery.observability.tracing import trace_id
 from delivery.outbox.validation import canonical_json
+from delivery.runtime import partitions
 
 __all__ = [
     "attempt_dict",
@@ -83,6 +84,12 @@ def oldest_pending_age(session: Session, *, now: dt.datetime | None = None) -> f
         select(func.min(Message.created_at)).where(Message.status.in_(_OPEN), waiting)
     )
     return None if oldest is None else max(0.0, (now - _aware(oldest)).total_seconds())
+
+
+def days_ahead(session: Session) -> int | None:
+    """How many days after today a partitioned outbox can take messages (beat creates them
+    ahead; at -1 an ``enqueue`` fails); None when the outbox is not partitioned."""
+    return partitions.days_ahead(session.connection())
 
 
 def relay_lag(session: Session, *, now: dt.datetime | None = None) -> float:

@@ -43,6 +43,7 @@ __all__ = [
     "bound",
     "create_days",
     "day_of",
+    "days_ahead",
     "drop_day",
     "ensure_ahead",
     "first_id",
@@ -176,6 +177,17 @@ def first_id(conn: Connection, since: dt.datetime) -> int | None:
 def today_of(conn: Connection) -> int:
     """The database's today, as a day number."""
     return int(conn.scalar(text("SELECT (now() AT TIME ZONE 'UTC')::date - date '1970-01-01'")))
+
+
+def days_ahead(conn: Connection) -> int | None:
+    """On a partitioned outbox, how many days after today can take new messages (their
+    partitions exist; beat keeps ``AHEAD``): at -1 an ``enqueue`` fails. None on any other
+    outbox."""
+    if not is_partitioned(conn):
+        return None
+    days = listing(conn)
+    last = (days[-1].high - 1) >> SHIFT if days else -1
+    return max(last - today_of(conn), -1)
 
 
 def ensure_ahead(engine: Engine, days: int = AHEAD) -> list[str]:
