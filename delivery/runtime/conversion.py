@@ -57,19 +57,24 @@ CREATE OR REPLACE FUNCTION delivery_claim_key() RETURNS trigger LANGUAGE plpgsql
 DECLARE
   owner bigint;
 BEGIN
-  INSERT INTO delivery_keys (key, message_id) VALUES (NEW.key, NEW.id)
-    ON CONFLICT (key) DO NOTHING;
-  IF FOUND THEN
-    RETURN NEW;
-  END IF;
-  -- Taken: by a message that exists (skip this row, as ON CONFLICT DO NOTHING does), or by
-  -- one that a prune dropped with its day (take the key over).
-  SELECT k.message_id INTO owner FROM delivery_keys k WHERE k.key = NEW.key FOR UPDATE;
-  IF EXISTS (SELECT 1 FROM delivery_messages m WHERE m.id = owner) THEN
-    RETURN NULL;
-  END IF;
-  UPDATE delivery_keys SET message_id = NEW.id WHERE key = NEW.key;
-  RETURN NEW;
+  LOOP
+    INSERT INTO delivery_keys (key, message_id) VALUES (NEW.key, NEW.id)
+      ON CONFLICT (key) DO NOTHING;
+    IF FOUND THEN
+      RETURN NEW;
+    END IF;
+    -- Taken: by a message that exists (skip this row, as ON CONFLICT DO NOTHING does), or
+    -- by one that a prune dropped with its day (take the key over). A key freed meanwhile
+    -- (partitions.free_keys) is claimed again.
+    SELECT k.message_id INTO owner FROM delivery_keys k WHERE k.key = NEW.key FOR UPDATE;
+    IF FOUND THEN
+      IF EXISTS (SELECT 1 FROM delivery_messages m WHERE m.id = owner) THEN
+        RETURN NULL;
+      END IF;
+      UPDATE delivery_keys SET message_id = NEW.id WHERE key = NEW.key;
+      RETURN NEW;
+    END IF;
+  END LOOP;
 END $$;
 """
 _KEYS = """
@@ -101,6 +106,15 @@ _REPLACED = {
 }
 
 
+def functions(conn: Connection, sequence: str | None = None) -> None:
+    """Create, or bring up to date, the partitioned outbox's functions: the message id of a
+    day (on ``sequence``, by default the outbox's own) and the key trigger's. ``delivery db
+    upgrade`` runs this on an outbox partitioned already."""
+    if sequence is None:
+        sequence = conn.scalar(text("SELECT pg_get_serial_sequence('delivery_messages', 'id')"))
+    conn.execute(text(_FUNCTIONS.format(sequence=sequence, shift=SHIFT, mask=(1 << SHIFT) - 1)))
+
+
 def _index_names(conn: Connection, table: str) -> list[str]:
     return list(
         conn.scalars(text("SELECT indexname FROM pg_indexes WHERE tablename = :t"), {"t": table})
@@ -129,7 +143,7 @@ def partition(
         high = bound(first_day)
         say("keys table and functions")
         conn.execute(text(_KEYS))
-        conn.execute(text(_FUNCTIONS.format(sequence=sequence, shift=SHIFT, mask=(1 << SHIFT) - 1)))
+        functions(conn, sequence)
         for table, column in TABLES:
             say(f"{table}: check that every row is before {high}")
             conn.execute(

@@ -137,13 +137,16 @@ def upgrade(engine: Engine, revision: str = "head", *, partition: bool = True) -
     """Create or migrate the outbox tables to ``revision`` with the shipped migrations. A new
     PostgreSQL outbox (no message yet, at the newest revision) is then partitioned by day
     (``delivery.runtime.partitions``), unless ``partition`` is False; a filled one is left
-    as it is (``delivery db partition`` converts it). Whether it was partitioned now."""
+    as it is (``delivery db partition`` converts it), and a partitioned one has its functions
+    brought up to date. Whether it was partitioned now."""
     from delivery.runtime import conversion, partitions
 
     config = _alembic_config()
     with engine.begin() as connection:
         config.attributes["connection"] = connection
         command.upgrade(config, revision)
+        if partitions.is_partitioned(connection):
+            conversion.functions(connection)
         new = (
             partition
             and revision == "head"

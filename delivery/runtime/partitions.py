@@ -15,7 +15,8 @@ uniqueness moves to ``delivery_keys`` (key, message_id), filled by a trigger on 
 into the outbox: the trigger skips the row when its key is taken by a message that exists,
 exactly as ``ON CONFLICT DO NOTHING`` did (the one ``INSERT`` of ``delivery.outbox.insert``
 works on both shapes), and takes the key over from a message that was dropped. Concurrency is
-the keys table's unique index, as it was the outbox's.
+the keys table's unique index, as it was the outbox's. A dropped day's keys are deleted after
+the drop, in batches (``free_keys``, beat every hour).
 
 ``delivery.runtime.conversion.partition`` converts an outbox that is not partitioned yet.
 ``ensure_ahead`` creates the coming days' partitions (beat, every hour; ``delivery db
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
+import itertools
 import re
 from collections.abc import Sequence
 
@@ -47,6 +49,7 @@ __all__ = [
     "drop_day",
     "ensure_ahead",
     "first_id",
+    "free_keys",
     "is_partitioned",
     "listing",
     "lock_not_available",
@@ -244,8 +247,7 @@ def drop_day(
     message in it (a status of ``finals``, last changed before ``cutoff``); else keep it and
     say why (its messages of ``others``, every status but the final ones, and those changed
     since). Both are found through the status index, so a day's size does not count. Its
-    keys are then deleted (a key of a dropped message is free again). With ``dry_run``, say
-    what would happen."""
+    keys are left to ``free_keys``. With ``dry_run``, say what would happen."""
     suffix = day.suffix
     try:
         with engine.begin() as conn:
@@ -287,7 +289,35 @@ def drop_day(
         if not lock_not_available(exc):
             raise
         return Dropped(day, False, kept={"busy": 1})
-    with engine.begin() as conn:
-        low = "" if day.low is None else f"message_id >= {day.low} AND "
-        conn.execute(text(f"DELETE FROM delivery_keys WHERE {low}message_id < {day.high}"))
     return Dropped(day, True, messages, attempts)
+
+
+def free_keys(engine: Engine, *, batch: int = 10_000) -> int:
+    """Delete the keys of dropped days' messages (their ids lie in no partition), ``batch``
+    at a time, each batch its own transaction; how many. ``drop_day`` leaves them, so that a
+    prune takes as long whatever its days hold (the key of a dropped message is free all the
+    same: the next enqueue of it takes it over); beat frees them every hour."""
+    with engine.connect() as conn:
+        if not is_partitioned(conn):
+            return 0
+        days = listing(conn)
+    gaps: list[str] = []
+    if days and days[0].low is not None:
+        gaps.append(f"message_id < {days[0].low}")
+    for before, after in itertools.pairwise(days):
+        if after.low is not None and before.high < after.low:
+            gaps.append(f"message_id >= {before.high} AND message_id < {after.low}")
+    freed = 0
+    for gap in gaps:
+        while True:
+            with engine.begin() as conn:
+                done = conn.execute(
+                    text(
+                        "DELETE FROM delivery_keys WHERE ctid = ANY(ARRAY("
+                        f"SELECT ctid FROM delivery_keys WHERE {gap} LIMIT {int(batch)}))"
+                    )
+                ).rowcount
+            freed += done
+            if done < batch:
+                break
+    return freed

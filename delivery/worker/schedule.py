@@ -5,7 +5,8 @@ relay (publish due rows, every ``relay_interval`` s, as many as each broker queu
 for: ``delivery.relay.backpressure``; and renew the leases of the rows whose tasks still wait
 in a queue: ``delivery.sending.leases.renew_queued``), the sweeper (expired leases and
 time-to-live, every ``sweep_interval`` s) and, on a partitioned outbox, the coming days'
-partitions (every hour: ``delivery.runtime.partitions.ensure_ahead``). They talk to the
+partitions and the freeing of dropped days' keys (every hour:
+``delivery.runtime.partitions.ensure_ahead`` and ``free_keys``). They talk to the
 database and publish to the broker directly, so they never wait for a free slot in a worker,
 never sit in a queue behind sends, never show in Flower, and never depend on a relay *task*
 reaching a worker: after the broker restarts or loses its state, the next tick publishes
@@ -31,7 +32,7 @@ from celery.signals import beat_init
 from delivery.relay.backpressure import Backpressure
 from delivery.relay.claims import Claim, relay_once
 from delivery.relay.sweeper import sweep as sweep_once
-from delivery.runtime.partitions import ensure_ahead
+from delivery.runtime.partitions import ensure_ahead, free_keys
 from delivery.sending.leases import renew_queued
 from delivery.worker.app import QUEUES, app, service
 from delivery.worker.metrics import metrics
@@ -130,10 +131,15 @@ def sweep_pass() -> dict[str, int]:
 
 
 def partitions_pass() -> list[str]:
-    """Create the coming days' partitions that are missing (a partitioned outbox only)."""
-    created = ensure_ahead(service().engine)
+    """Create the coming days' partitions that are missing, then delete the keys of dropped
+    days' messages (a partitioned outbox only); the days created."""
+    engine = service().engine
+    created = ensure_ahead(engine)
     if created:
         log.info("partitions created ahead: %s", ", ".join(created))
+    freed = free_keys(engine)
+    if freed:
+        log.info("keys of dropped days deleted: %d", freed)
     return created
 
 
