@@ -18,7 +18,8 @@ from midnight ``KEEP + --rounds`` days ago to now (``bench.common.insert_rows``:
 statement, the keys claimed by the outbox's trigger). Round ``r`` runs ``delivery prune
 --older-than (KEEP + rounds - 1 - r)d``, which drops that round's oldest whole day (a
 thirty-first of each outbox), on both sizes in alternating order; the figure is the median
-of the rounds' large / small ratios of the command's wall time, start-up included.
+of the rounds' large / small ratios of the command's wall time, start-up included. Then
+beat's pass deletes the dropped days' keys (``partitions.free_keys``), timed.
 
     python -m bench.retention [--messages 2000000] [--scale 10000000] [--rounds 3]
 """
@@ -49,7 +50,7 @@ from bench.common import (
     row,
     vacuum,
 )
-from delivery.runtime import conversion
+from delivery.runtime import conversion, partitions
 from delivery.runtime.db import make_engine, upgrade
 from delivery.testing.fill import fill_outbox
 
@@ -200,6 +201,12 @@ def _scale(messages: int, rounds: int) -> dict[str, Any]:
                     }
                 )
                 log(f"  round {number + 1} {size}: {runs[size][-1]}")
+        freed = {}
+        for size, engine in engines.items():  # what beat's hourly pass does after
+            started = time.monotonic()
+            keys = partitions.free_keys(engine)
+            freed[size] = {"keys": keys, "seconds": round(time.monotonic() - started, 3)}
+            log(f"  {size}: beat's pass freed {keys:,} keys in {freed[size]['seconds']} s")
     finally:
         for size, engine in engines.items():
             engine.dispose()
@@ -208,7 +215,7 @@ def _scale(messages: int, rounds: int) -> dict[str, Any]:
         big["seconds"] / small["seconds"]
         for small, big in zip(runs["small"], runs["large"], strict=True)
     ]
-    return {"sizes": sizes, "runs": runs, "ratios": [round(r, 3) for r in ratios]}
+    return {"sizes": sizes, "runs": runs, "ratios": [round(r, 3) for r in ratios], "freed": freed}
 
 
 def main() -> None:
@@ -271,7 +278,9 @@ def main() -> None:
             f"{median([r['seconds'] for r in large]):.2f} s for "
             f"{median([r['messages'] for r in large]):,.0f} messages a day; ratios "
             f"{', '.join(f'{r:.2f}' for r in scale['ratios'])} (load "
-            f"{min(r['load'] for r in large + small)}-{max(r['load'] for r in large + small)})",
+            f"{min(r['load'] for r in large + small)}-{max(r['load'] for r in large + small)}); "
+            f"beat then freed the {scale['freed']['large']['keys']:,} keys of those days in "
+            f"{scale['freed']['large']['seconds']:.2f} s",
             f"{median([r['seconds'] for r in small]):.2f} s for "
             f"{median([r['messages'] for r in small]):,.0f} messages a day",
         )
