@@ -76,6 +76,19 @@ def rows(engine: Engine, sql: str) -> list[tuple[object, ...]]:
         return [tuple(row) for row in conn.execute(text(sql), {"k": "one-key"})]
 
 
+def wait_for_a_lock_wait(engine: Engine, who: str) -> None:
+    """Return once a session of ``engine``'s database waits for a lock (``who``, for the
+    failure's message)."""
+    waiting = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        "AND datname = current_database()"
+    )
+    deadline = time.monotonic() + 30
+    while not scalar(engine, waiting):
+        assert time.monotonic() < deadline, f"{who} never waited"
+        time.sleep(0.05)
+
+
 def add_attempts(engine: Engine) -> None:
     with engine.begin() as conn:
         conn.execute(
@@ -439,14 +452,7 @@ def test_two_processes_enqueue_one_key_across_a_partition_boundary(
         assert first_id < boundary
         second = start("commit", body)
         try:
-            deadline = time.monotonic() + 30
-            while not scalar(
-                engine,
-                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-                "AND datname = current_database()",
-            ):
-                assert time.monotonic() < deadline, "the second enqueue never waited"
-                time.sleep(0.05)
+            wait_for_a_lock_wait(engine, "the second enqueue")
             first.stdin.write(first_ends + "\n")
             first.stdin.flush()
             assert first.wait(30) == 0
@@ -488,14 +494,7 @@ def test_an_enqueue_waiting_on_a_key_being_freed_claims_it_again(
         freeing.execute(text("SELECT 1 FROM delivery_keys WHERE key = 'one-key' FOR UPDATE"))
         waiting = threading.Thread(target=enqueue)
         waiting.start()
-        deadline = time.monotonic() + 30
-        while not scalar(
-            engine,
-            "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
-            "AND datname = current_database()",
-        ):
-            assert time.monotonic() < deadline, "the enqueue never waited"
-            time.sleep(0.05)
+        wait_for_a_lock_wait(engine, "the enqueue")
         freeing.execute(text("DELETE FROM delivery_keys WHERE key = 'one-key'"))
         freeing.commit()
     waiting.join(30)
