@@ -25,7 +25,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -300,6 +300,13 @@ def percentile(values: Sequence[float], p: float) -> float:
 
 def median(values: Sequence[float]) -> float:
     return float(statistics.median(values))
+
+
+def in_turn(names: Iterable[str], round_: int) -> list[str]:
+    """``names`` in order in even rounds, reversed in odd ones: in alternating rounds no side
+    always runs first (after the other's load, or on a cooler machine)."""
+    order = list(names)
+    return order if round_ % 2 == 0 else order[::-1]
 
 
 def proc_memory(pid: int) -> dict[str, int]:

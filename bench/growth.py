@@ -41,6 +41,7 @@ from bench.common import (
     PG_SERVER,
     Processes,
     fresh_database,
+    in_turn,
     insert_rows,
     log,
     median,
@@ -197,8 +198,7 @@ def alternate(
     the per-round ratios (large / small)."""
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in engines}
     for number in range(rounds):
-        order = list(engines) if number % 2 == 0 else list(reversed(engines))
-        for name in order:
+        for name in in_turn(engines, number):
             runs[name].append(end_to_end(engines[name], procs, stub, due))
             log(f"  round {number + 1} {name}: {runs[name][-1]}")
     ratios = [
@@ -218,8 +218,7 @@ def claim_rounds(engines: dict[str, Any], due: int, rounds: int) -> dict[str, li
     took, per size."""
     per_batch: dict[str, list[float]] = {name: [] for name in engines}
     for number in range(rounds):
-        order = list(engines) if number % 2 == 0 else list(reversed(engines))
-        for name in order:
+        for name in in_turn(engines, number):
             reset_due(engines[name], due)
             per_batch[name] += claim_batches(engines[name])
     return per_batch

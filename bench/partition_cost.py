@@ -20,7 +20,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
-from bench.common import PG_DB, fresh_database, log, median, report, row, truncate
+from bench.common import PG_DB, fresh_database, in_turn, log, median, report, row, truncate
 from bench.enqueue_cost import Counter, shipped, transaction
 from delivery import enqueue_many
 from delivery.outbox import enqueue as outbox
@@ -44,7 +44,7 @@ def main() -> None:
     loads = []
     i = 0
     for round_ in range(args.rounds):
-        for shape in SHAPES if round_ % 2 == 0 else reversed(SHAPES):
+        for shape in in_turn(SHAPES, round_):
             truncate(engines[shape])
             for _ in range(args.block):
                 i += 1
@@ -57,7 +57,7 @@ def main() -> None:
         )
     many: dict[str, list[float]] = {shape: [] for shape in SHAPES}
     for round_ in range(3):
-        for shape in SHAPES if round_ % 2 == 0 else reversed(SHAPES):
+        for shape in in_turn(SHAPES, round_):
             truncate(engines[shape])
             spec = (
                 dict(channel="sms", to="+12015550123", payload={"body": f"c {n}"}, key=f"m-{n}")

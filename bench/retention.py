@@ -43,6 +43,7 @@ from bench.common import (
     PG_SERVER,
     ROOT,
     fresh_database,
+    in_turn,
     insert_rows,
     log,
     median,
@@ -186,8 +187,7 @@ def _scale(messages: int, rounds: int) -> dict[str, Any]:
     try:
         for number in range(rounds):
             older = f"{KEEP + rounds - 1 - number}d"
-            order = list(sizes) if number % 2 == 0 else list(reversed(sizes))
-            for size in order:
+            for size in in_turn(sizes, number):
                 load = os.getloadavg()
                 out, seconds = _cli(names[size], "prune", "--older-than", older, "--json")
                 pruned = json.loads(out)

@@ -27,10 +27,9 @@ STATUSES = [
     "undelivered",
     "suppressed",
 ]
-#: Every table of the outbox, for ``TRUNCATE``: read from the models, so none is left out (a
-#: table that references the messages would make the TRUNCATE fail).
-#: Every table of the outbox, the keys table of a partitioned one included (PostgreSQL's
-#: test outboxes are: ``delivery.runtime.partitions``).
+#: Every table of the outbox, read from the models so that none is left out, the keys table
+#: of a partitioned one included (PostgreSQL's test outboxes are:
+#: ``delivery.runtime.partitions``); referencing tables first.
 OUTBOX_TABLES = ", ".join(
     [KEYS_TABLE, *(table.name for table in reversed(Base.metadata.sorted_tables))]
 )

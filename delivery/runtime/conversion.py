@@ -106,12 +106,11 @@ _REPLACED = {
 }
 
 
-def functions(conn: Connection, sequence: str | None = None) -> None:
+def functions(conn: Connection) -> None:
     """Create, or bring up to date, the partitioned outbox's functions: the message id of a
-    day (on ``sequence``, by default the outbox's own) and the key trigger's. ``delivery db
-    upgrade`` runs this on an outbox partitioned already."""
-    if sequence is None:
-        sequence = conn.scalar(text("SELECT pg_get_serial_sequence('delivery_messages', 'id')"))
+    day (on the outbox's own sequence) and the key trigger's. ``delivery db upgrade`` runs
+    this on an outbox partitioned already."""
+    sequence = conn.scalar(text("SELECT pg_get_serial_sequence('delivery_messages', 'id')"))
     conn.execute(text(_FUNCTIONS.format(sequence=sequence, shift=SHIFT, mask=(1 << SHIFT) - 1)))
 
 
@@ -137,13 +136,12 @@ def partition(
     with engine.connect().execution_options(isolation_level="AUTOCOMMIT") as conn:
         if is_partitioned(conn):
             raise ValueError("the outbox is already partitioned")
-        sequence = conn.scalar(text("SELECT pg_get_serial_sequence('delivery_messages', 'id')"))
         today = today_of(conn)
         first_day = today + 1 if start is None else min(day_of(start), today + 1)
         high = bound(first_day)
         say("keys table and functions")
         conn.execute(text(_KEYS))
-        functions(conn, sequence)
+        functions(conn)
         for table, column in TABLES:
             say(f"{table}: check that every row is before {high}")
             conn.execute(
